@@ -1,0 +1,233 @@
+"""Plan and run experiments: one workload sample, several schedulers, one engine setting.
+
+`plan_run` checks every input before anything runs (names, rates, task counts, the KV budget
+against the largest call) and samples the workload once, so every scheduler sees the same
+tasks. `run_cell` runs one scheduler on that sample, or returns the stored summary of a run
+with the same identity unless `force`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from topas_bench.analysis.metrics import RunTables, summarize
+from topas_bench.errors import TopasError
+from topas_bench.results import RunIdentity, is_finished, read_meta, write_run
+from topas_bench.runners.sim.config import LengthHint, SimConfig
+from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
+from topas_bench.runners.sim.engine import Simulator
+from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy
+from topas_bench.workloads.model import Workload
+from topas_bench.workloads.registry import WORKLOADS, generate
+from topas_bench.workloads.trace import validate
+
+#: Tasks in the burst used to measure a workload's capacity (see `measure_capacity`).
+CAPACITY_PROBE_TASKS = 100
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    workload: Workload
+    workload_name: str
+    workload_params: Mapping[str, Any]
+    schedulers: tuple[str, ...]
+    scheduler_params: Mapping[str, Mapping[str, Any]]
+    num_tasks: int
+    seed: int
+    rate_per_s: float
+    load: float | None
+    capacity_tps: float | None
+    preset: Preset
+    kv_budget_tokens: int
+    kv_budget_derived: bool
+    sim: SimConfig
+    out: Path
+
+    def identity(self, scheduler: str) -> RunIdentity:
+        defaults = SimConfig(kv_budget_tokens=self.kv_budget_tokens)
+        engine_params = {
+            k: getattr(self.sim, k)
+            for k in ("host_tier_tokens", "length_hint", "chunked_prefill_size",
+                      "max_prefill_tokens", "decision_interval_steps", "max_running_requests")
+            if getattr(self.sim, k) != getattr(defaults, k)
+        }  # fmt: skip
+        return RunIdentity(
+            workload=self.workload_name,
+            num_tasks=self.num_tasks,
+            rate_per_s=self.rate_per_s,
+            seed=self.seed,
+            scheduler=scheduler,
+            preset=self.preset.name,
+            kv_budget_tokens=self.kv_budget_tokens,
+            workload_params=dict(self.workload_params),
+            scheduler_params=dict(self.scheduler_params.get(scheduler, {})),
+            engine_params=engine_params,
+        )
+
+
+@dataclass(frozen=True)
+class CellResult:
+    scheduler: str
+    run_dir: Path
+    summary: dict[str, float]
+    sim_time_s: float
+    wall_s: float
+    cached: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_schedulers(spec: str) -> tuple[str, ...]:
+    """`all` (the paper's baselines plus every other registered policy), or `a,b,c`."""
+    if spec.strip() == "all":
+        return tuple(SCHEDULERS.names())
+    names = tuple(n.strip() for n in spec.split(",") if n.strip())
+    if not names:
+        raise TopasError("--scheduler is empty; give `all` or a comma-separated list")
+    for n in names:
+        SCHEDULERS.get(n)  # raises with the known names
+    if len(set(names)) != len(names):
+        raise TopasError(f"--scheduler lists a name twice: {spec}")
+    return names
+
+
+def plan_run(
+    *,
+    workload: str,
+    schedulers: Sequence[str],
+    num_tasks: int,
+    seed: int = 0,
+    rate_per_s: float | None = None,
+    load: float | None = None,
+    preset: str = "a100-qwen32b",
+    kv_budget_tokens: int | None = None,
+    length_hint: LengthHint = "none",
+    host_tier_tokens: int = 0,
+    out: Path = Path("runs"),
+    workload_params: Mapping[str, Any] | None = None,
+    scheduler_params: Mapping[str, Mapping[str, Any]] | None = None,
+) -> RunPlan:
+    spec = WORKLOADS.get(workload)
+    pre = load_preset(preset)
+    if num_tasks < 1:
+        raise TopasError(f"--tasks must be a positive integer, got {num_tasks}")
+    if seed < 0:
+        raise TopasError(f"--seed must be >= 0, got {seed}")
+    if rate_per_s is not None and load is not None:
+        raise TopasError("give either --rate or --load, not both")
+    for name, value in (("--rate", rate_per_s), ("--load", load)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise TopasError(f"{name} must be a positive number, got {value}")
+    if kv_budget_tokens is not None and kv_budget_tokens < 1:
+        raise TopasError(f"--kv-budget must be a positive number of tokens, got {kv_budget_tokens}")
+    budget = kv_budget_tokens if kv_budget_tokens is not None else pre.derived_kv_budget_tokens
+    sim = SimConfig(kv_budget_tokens=budget, length_hint=length_hint, host_tier_tokens=host_tier_tokens)
+    wparams = dict(workload_params or {})
+    capacity = None
+    if load is not None:
+        capacity = measure_capacity(workload, tuple(sorted(wparams.items())), pre, budget)
+        rate = load * capacity
+    else:
+        rate = rate_per_s if rate_per_s is not None else spec.default_rate_per_s
+    w = generate(workload, num_tasks=num_tasks, rate_per_s=rate, seed=seed, **wparams)
+    check_fits(w, budget)
+    problems = validate(w, kv_budget_tokens=budget)
+    if problems:
+        p = problems[0]
+        raise TopasError(f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}")
+    sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
+    for name in schedulers:
+        make_policy(name, **sparams.get(name, {}))  # reject bad parameters before running
+    return RunPlan(
+        workload=w, workload_name=workload, workload_params=wparams, schedulers=tuple(schedulers),
+        scheduler_params=sparams, num_tasks=num_tasks, seed=seed, rate_per_s=rate, load=load,
+        capacity_tps=capacity, preset=pre, kv_budget_tokens=budget,
+        kv_budget_derived=kv_budget_tokens is None, sim=sim, out=out,
+    )  # fmt: skip
+
+
+def check_fits(w: Workload, kv_budget_tokens: int) -> None:
+    """Every call must fit alone: prompt + output (+1 page of headroom) within the budget."""
+    worst = max(w.stages(), key=lambda ts: ts[1].prompt_tokens + ts[1].output_tokens)
+    stage = worst[1]
+    need = stage.prompt_tokens + stage.output_tokens + 1
+    if need > kv_budget_tokens:
+        raise TopasError(
+            f"KV budget of {kv_budget_tokens:,} tokens is smaller than the largest call in "
+            f"{w.name!r} (prompt {stage.prompt_tokens:,} + output {stage.output_tokens:,} tokens); "
+            f"raise --kv-budget to at least {need:,}"
+        )
+
+
+def run_cell(
+    plan: RunPlan,
+    scheduler: str,
+    *,
+    force: bool = False,
+    on_task_done: Callable[[int], None] | None = None,
+) -> CellResult:
+    ident = plan.identity(scheduler)
+    run_dir = ident.run_dir(plan.out)
+    if not force and is_finished(run_dir):
+        meta = read_meta(run_dir)
+        return CellResult(
+            scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
+        )
+    policy = make_policy(scheduler, **plan.scheduler_params.get(scheduler, {}))
+    sim = Simulator(plan.workload, policy, CostModel(plan.preset), plan.sim, on_task_done)
+    res = sim.run()
+    counters = {
+        "preemptions": float(res.preemptions),
+        "admitted_prompt_tokens": float(res.prefill_tokens),
+        "cached_prompt_tokens": float(res.cached_tokens),
+        "iterations": float(res.iterations),
+    }
+    summary = summarize(RunTables(res.tasks, res.requests, res.decisions, counters))
+    tables = {
+        "requests": res.requests, "tasks": res.tasks,
+        "timeline": res.timeline, "decisions": res.decisions,
+    }  # fmt: skip
+    info = {
+        "summary": summary,
+        "counters": counters,
+        "sim_time_s": res.sim_time_s,
+        "wall_s": res.wall_s,
+        "load": plan.load,
+        "capacity_tps": plan.capacity_tps,
+        "workload_digest": workload_digest(plan.workload),
+    }
+    write_run(run_dir, ident, tables, info)
+    return CellResult(scheduler, run_dir, summary, res.sim_time_s, res.wall_s)
+
+
+def workload_digest(w: Workload) -> str:
+    import hashlib
+
+    from topas_bench.workloads.trace import dumps_workload
+
+    return hashlib.sha256(dumps_workload(w).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=64)
+def measure_capacity(
+    workload: str, params: tuple[tuple[str, Any], ...], preset: Preset, kv_budget_tokens: int
+) -> float:
+    """Saturated task throughput (tasks/s): `CAPACITY_PROBE_TASKS` tasks arrive at once and
+    are served FCFS; capacity = tasks / makespan. A load of F then means a Poisson rate of
+    F x capacity. FCFS is the reference so that the same load means the same rate for every
+    scheduler."""
+    w = generate(workload, num_tasks=CAPACITY_PROBE_TASKS, rate_per_s=1e9, seed=0, **dict(params))
+    check_fits(w, kv_budget_tokens)
+    sim = Simulator(
+        w, make_policy("fcfs"), CostModel(preset),
+        SimConfig(kv_budget_tokens=kv_budget_tokens, record_timeline=False),
+    )  # fmt: skip
+    res = sim.run()
+    return CAPACITY_PROBE_TASKS / res.sim_time_s
+
+
+__all__ = ["BASELINES", "CellResult", "RunPlan", "measure_capacity", "plan_run", "run_cell"]

@@ -1,0 +1,113 @@
+"""What a run records: per-request, per-task, per-iteration and per-decision tables.
+
+Both engines write the same columns (STYLE 7), so analysis cannot tell them apart except by the
+run's identity. The recorder only appends tuples during the run; DataFrames are built once, at
+the end, outside the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from topas_bench.schedulers.base import Decision
+
+if TYPE_CHECKING:
+    from topas_bench.runners.sim.engine import Simulator
+    from topas_bench.runners.sim.state import SimRequest, TaskRun
+
+REQUEST_COLUMNS = [
+    "request_id", "task_id", "stage_id", "agent", "kind", "prompt_tokens", "output_tokens",
+    "cached_tokens", "ready_s", "first_admitted_s", "admitted_s", "first_token_s", "finish_s",
+    "preemptions", "service_s", "status",
+]  # fmt: skip
+TASK_COLUMNS = ["task_id", "workflow", "arrival_s", "finish_s", "jct_s", "stages", "attained_s"]
+TIMELINE_COLUMNS = [
+    "t_s", "kind", "steps", "duration_s", "batch", "new_tokens", "kv_used_tokens",
+    "kv_cache_tokens", "kv_private_tokens", "waiting", "resident_agents",
+]  # fmt: skip
+DECISION_COLUMNS = ["t_s", "wall_s", "waiting", "admit", "preempt"]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    requests: pd.DataFrame
+    tasks: pd.DataFrame
+    timeline: pd.DataFrame
+    decisions: pd.DataFrame
+    sim_time_s: float
+    wall_s: float
+    iterations: int
+    preemptions: int
+    prefill_tokens: int
+    cached_tokens: int
+
+
+class Recorder:
+    def __init__(self, timeline: bool) -> None:
+        self._timeline_on = timeline
+        self._requests: list[tuple[Any, ...]] = []
+        self._tasks: list[tuple[Any, ...]] = []
+        self._timeline: list[tuple[Any, ...]] = []
+        self._decisions: list[tuple[Any, ...]] = []
+        self.iterations = 0
+        self.preemptions = 0
+        self.prompt_tokens = 0  # over every admission, re-admissions included
+        self.hit_tokens = 0
+
+    def iteration(
+        self, sim: Simulator, kind: str, duration_s: float, steps: int, batch: int, new: int
+    ) -> None:
+        self.iterations += steps
+        if not self._timeline_on:
+            return
+        cache = sim.cache
+        resident = "|".join(
+            a.name for a in sim.workload.agents
+            if (n := cache.child("agent:" + a.name)) is not None and n.on_gpu
+        )  # fmt: skip
+        used = cache.gpu_tokens + sim.private_tokens
+        self._timeline.append(
+            (sim.now, kind, steps, duration_s, batch, new, used, cache.gpu_tokens,
+             sim.private_tokens, len(sim.waiting), resident)
+        )  # fmt: skip
+
+    def admission(self, prompt_tokens: int, hit_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.hit_tokens += hit_tokens
+
+    def decision(self, t_s: float, wall_s: float, waiting: int, d: Decision) -> None:
+        self._decisions.append((t_s, wall_s, waiting, len(d.admit), len(d.preempt)))
+
+    def preemption(self) -> None:
+        self.preemptions += 1
+
+    def request(self, r: SimRequest, status: str = "ok") -> None:
+        self._requests.append(
+            (r.rid, r.task.id, r.stage_id, r.agent, r.kind, r.prompt_tokens, r.generated,
+             r.cached_tokens, r.ready_s, r.first_admitted_s, r.admitted_s, r.first_token_s,
+             r.finish_s, r.preemptions, r.service_s, status)
+        )  # fmt: skip
+
+    def task(self, t: TaskRun) -> None:
+        assert t.finish_s is not None
+        self._tasks.append(
+            (t.id, t.workflow, t.arrival_s, t.finish_s, t.finish_s - t.arrival_s,
+             len(t.stages), t.attained_s)
+        )  # fmt: skip
+
+    def result(self, sim_time_s: float, wall_s: float) -> SimResult:
+        return SimResult(
+            requests=pd.DataFrame(self._requests, columns=REQUEST_COLUMNS),
+            tasks=pd.DataFrame(self._tasks, columns=TASK_COLUMNS),
+            timeline=pd.DataFrame(self._timeline, columns=TIMELINE_COLUMNS),
+            decisions=pd.DataFrame(self._decisions, columns=DECISION_COLUMNS),
+            sim_time_s=sim_time_s,
+            wall_s=wall_s,
+            iterations=self.iterations,
+            preemptions=self.preemptions,
+            prefill_tokens=self.prompt_tokens,
+            cached_tokens=self.hit_tokens,
+        )

@@ -1,0 +1,171 @@
+"""Mutable per-run state of the simulator: requests, stages and tasks in flight.
+
+These objects satisfy the read-only `RequestView`, `StageView` and `TaskView` protocols that
+policies see; only the engine mutates them. The true output length is held under a private
+name and is not part of any view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from topas_bench.runners.sim.radix import Match, Node
+from topas_bench.schedulers.base import StageState
+from topas_bench.workloads.model import Segment, Stage, Task, output_key
+
+
+class SimRequest:
+    """One LLM call inside the simulated server."""
+
+    __slots__ = (
+        "_true_output",
+        "admitted_s",
+        "agent",
+        "cached_tokens",
+        "done_prefill",
+        "enqueue_seq",
+        "extend_tokens",
+        "finish_s",
+        "first_admitted_s",
+        "first_token_s",
+        "generated",
+        "ignore_eos",
+        "kind",
+        "lock_node",
+        "match_memo",
+        "max_new_tokens",
+        "preemptions",
+        "private_tokens",
+        "prompt",
+        "prompt_tokens",
+        "queued_s",
+        "ready_s",
+        "redo_tokens",
+        "rid",
+        "service_s",
+        "stage_id",
+        "task",
+    )
+
+    def __init__(self, rid: int, task: TaskRun, stage: Stage, now_s: float) -> None:
+        self.rid = rid
+        self.task = task
+        self.stage_id = stage.id
+        self.agent = stage.agent
+        self.kind = stage.kind
+        self.prompt: tuple[Segment, ...] = stage.prompt
+        self.prompt_tokens = stage.prompt_tokens
+        self.max_new_tokens = stage.max_new_tokens
+        self._true_output = stage.output_tokens
+        # A client that asks for the exact length sends ignore_eos (DESIGN section 7).
+        self.ignore_eos = stage.max_new_tokens == stage.output_tokens
+        self.generated = 0
+        self.ready_s = now_s
+        self.queued_s = now_s
+        self.enqueue_seq = 0
+        self.admitted_s: float | None = None
+        self.first_admitted_s: float | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.preemptions = 0
+        self.service_s = 0.0
+        # KV state while admitted
+        self.lock_node: Node | None = None
+        self.cached_tokens = 0  # prefix-cache hit at the latest admission
+        self.extend_tokens = 0  # tokens this admission must compute (prompt rest + redo)
+        self.done_prefill = 0  # of extend_tokens, computed so far
+        self.redo_tokens = 0  # output tokens recomputed after a preemption
+        self.private_tokens = 0  # KV held outside the shared cache
+        self.match_memo: tuple[int, Match] | None = None  # (cache version, match)
+
+    @property
+    def task_id(self) -> str:
+        return self.task.id
+
+    @property
+    def output_target(self) -> int:
+        """Tokens the call will produce: its true length, capped by max_new_tokens."""
+        return min(self._true_output, self.max_new_tokens)
+
+    @property
+    def remaining_output(self) -> int:
+        return self.output_target - self.generated
+
+    @property
+    def output_segment(self) -> Segment:
+        return Segment(output_key(self.task.id, self.stage_id), self._true_output)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+
+class StageRun:
+    """A stage of a live task (satisfies `StageView`)."""
+
+    __slots__ = ("_stage", "children", "remaining_deps", "request", "state")
+
+    def __init__(self, stage: Stage, children: tuple[str, ...]) -> None:
+        self._stage = stage
+        self.children = children
+        self.remaining_deps = len(stage.deps)
+        self.state = StageState.BLOCKED if stage.deps else StageState.DELAYED
+        self.request: SimRequest | None = None
+
+    @property
+    def stage(self) -> Stage:
+        return self._stage
+
+    @property
+    def id(self) -> str:
+        return self._stage.id
+
+    @property
+    def agent(self) -> str:
+        return self._stage.agent
+
+    @property
+    def kind(self) -> str:
+        return self._stage.kind
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        return self._stage.deps
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._stage.prompt_tokens
+
+    @property
+    def delay_s(self) -> float:
+        return self._stage.delay_s
+
+
+class TaskRun:
+    """A live task (satisfies `TaskView`)."""
+
+    __slots__ = ("_stages", "arrival_s", "attained_s", "finish_s", "pending", "task")
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.arrival_s = task.arrival_s
+        self.attained_s = 0.0
+        self.finish_s: float | None = None
+        children: dict[str, list[str]] = {s.id: [] for s in task.stages}
+        for s in task.stages:
+            for d in s.deps:
+                children[d].append(s.id)
+        self._stages = {s.id: StageRun(s, tuple(children[s.id])) for s in task.topo_order()}
+        self.pending = len(self._stages)
+
+    @property
+    def id(self) -> str:
+        return self.task.id
+
+    @property
+    def workflow(self) -> str:
+        return self.task.workflow
+
+    @property
+    def stages(self) -> Mapping[str, StageRun]:
+        return self._stages

@@ -1,0 +1,1 @@
+"""Scheduling policies: the interface, the shared estimator, and the registered schedulers."""

@@ -1,0 +1,239 @@
+"""The policy interface (DESIGN section 3): the read-only engine view, the decision, the policy.
+
+An engine (the simulator or the SGLang plugin) calls `Policy.decide(view)` at every scheduling
+point. The view is read-only by contract: policies must not mutate anything reachable from it.
+The decision names requests to admit (in order), requests to preempt, and optionally the agent
+prefixes to keep on the GPU. The engine applies it through its shared admission mechanism
+(budget checks, prefix matching, locking), so a policy cannot break memory accounting: an admit
+that does not fit stops admission, exactly like SGLang's `PrefillAdder` returning NO_TOKEN.
+
+Most policies are an ordering of the waiting queue: subclass `OrderingPolicy`, write `sort_key`,
+register the class in `topas_bench.schedulers.registry`. That is the whole cost of a new policy.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from topas_bench.errors import TopasError
+from topas_bench.workloads.model import Segment
+
+if TYPE_CHECKING:
+    from topas_bench.schedulers.estimator import ServiceEstimator
+
+
+class StageState(enum.IntEnum):
+    """Where a stage of a live task is."""
+
+    BLOCKED = 0  # some dependency has not finished
+    DELAYED = 1  # dependencies done, the client's tool delay is running
+    WAITING = 2  # in the server's waiting queue
+    RUNNING = 3  # admitted: prefilling or decoding
+    DONE = 4
+
+
+class PrefixLocation(enum.IntEnum):
+    NONE = 0
+    HOST = 1
+    GPU = 2
+
+
+class RequestView(Protocol):
+    """A request as a server sees it. Never carries the true output length."""
+
+    @property
+    def rid(self) -> int: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def stage_id(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def prompt(self) -> Sequence[Segment]:
+        """The prompt's segments (what the server's tokenizer sees, as content keys)."""
+        ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def generated(self) -> int:
+        """Output tokens produced so far (kept across a preemption only as a count)."""
+        ...
+    @property
+    def ready_s(self) -> float:
+        """When the client sent the request."""
+        ...
+    @property
+    def queued_s(self) -> float:
+        """When it last entered the waiting queue (later than `ready_s` after a preemption)."""
+        ...
+    @property
+    def admitted_s(self) -> float | None: ...
+    @property
+    def preemptions(self) -> int: ...
+    @property
+    def service_s(self) -> float:
+        """Time spent in engine iterations so far (attained service, seconds)."""
+        ...
+
+
+class StageView(Protocol):
+    """A stage of a live task, without its true output length."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def deps(self) -> tuple[str, ...]: ...
+    @property
+    def children(self) -> tuple[str, ...]: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def delay_s(self) -> float: ...
+    @property
+    def state(self) -> StageState: ...
+    @property
+    def request(self) -> RequestView | None: ...
+
+
+class TaskView(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def workflow(self) -> str: ...
+    @property
+    def arrival_s(self) -> float: ...
+    @property
+    def attained_s(self) -> float:
+        """Sum of the service its requests received so far (seconds)."""
+        ...
+    @property
+    def stages(self) -> Mapping[str, StageView]:
+        """Stages in topological order."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixView:
+    """An agent's system-prompt prefix as the cache holds it right now."""
+
+    agent: str
+    tokens: int
+    where: PrefixLocation
+    locks: int  # requests currently using it (0 = evictable unless kept)
+    kept: bool  # pinned by the policy's last `keep_prefixes`
+
+
+class EngineView(Protocol):
+    """What a policy sees at a scheduling point. Read-only."""
+
+    @property
+    def now_s(self) -> float: ...
+    @property
+    def kv_budget_tokens(self) -> int: ...
+    @property
+    def running_tokens(self) -> int:
+        """KV held privately by running requests (tokens not in the shared cache)."""
+        ...
+    @property
+    def locked_tokens(self) -> int:
+        """Cached tokens locked by running requests or kept by the policy."""
+        ...
+    @property
+    def evictable_tokens(self) -> int: ...
+    @property
+    def free_tokens(self) -> int: ...
+    @property
+    def host_capacity_tokens(self) -> int: ...
+    @property
+    def reserved_tokens(self) -> float:
+        """Decode headroom the admission mechanism holds back for running requests."""
+        ...
+    @property
+    def waiting(self) -> Sequence[RequestView]: ...
+    @property
+    def running(self) -> Sequence[RequestView]: ...
+    @property
+    def tasks(self) -> Mapping[str, TaskView]: ...
+    @property
+    def estimator(self) -> ServiceEstimator: ...
+    def cached_tokens(self, req: RequestView) -> int:
+        """Tokens of `req`'s prompt that are on the GPU right now (its prefix-cache hit)."""
+        ...
+    def prefixes(self) -> Sequence[PrefixView]: ...
+    def admission_need(self, req: RequestView) -> int:
+        """KV tokens admitting `req` would charge against the budget right now."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's answer. `keep_prefixes=None` leaves the pinned set unchanged."""
+
+    admit: Sequence[RequestView] = ()
+    preempt: Sequence[RequestView] = ()
+    keep_prefixes: frozenset[str] | None = None
+
+
+class InvalidParameter(TopasError):
+    """A scheduler parameter outside its valid range."""
+
+
+class Policy(ABC):
+    """A scheduling policy. One instance per run, so state never leaks across runs.
+
+    `reorders_during_decode` says whether the policy's ranking can change while the engine only
+    decodes (e.g. it depends on attained service). If False the simulator may skip consulting
+    it across a run of decode steps in which nothing else happens; if True it consults the
+    policy at least every `SimConfig.decision_interval_steps` decode steps in which some waiting
+    request could be admitted (while none could, no ranking would change the outcome).
+    """
+
+    name: ClassVar[str] = ""
+    reorders_during_decode: ClassVar[bool] = True
+    #: True for policies that preempt or pin prefixes: the simulator then consults them every
+    #: `decision_interval_steps` even while no waiting request could be admitted.
+    acts_while_blocked: ClassVar[bool] = False
+
+    def __init__(self, **params: Any) -> None:
+        if params:
+            raise InvalidParameter(
+                f"scheduler {self.name!r} takes no parameters (got {', '.join(sorted(params))})"
+            )
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The parameters that identify this policy in a run's identity."""
+        return {}
+
+    @abstractmethod
+    def decide(self, view: EngineView) -> Decision: ...
+
+    def retraction_order(self, view: EngineView) -> list[RequestView]:
+        """Running requests, the first to retract first when decode runs out of memory.
+
+        SGLang's default (`ScheduleBatch._get_decode_retraction_order`, 0.5.23): fewest output
+        tokens first, then longest input.
+        """
+        return sorted(view.running, key=lambda r: (r.generated, -r.prompt_tokens, -r.rid))
+
+
+class OrderingPolicy(Policy):
+    """A policy that only orders the waiting queue; the engine's LRU eviction does the rest."""
+
+    @abstractmethod
+    def sort_key(self, req: RequestView, view: EngineView) -> tuple[Any, ...]:
+        """Lower sorts first. Must end in a stable id (e.g. `req.rid`) for determinism."""
+
+    def decide(self, view: EngineView) -> Decision:
+        return Decision(admit=sorted(view.waiting, key=lambda r: self.sort_key(r, view)))

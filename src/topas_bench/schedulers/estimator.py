@@ -1,0 +1,170 @@
+"""The online service-time estimator every policy shares (DESIGN section 3).
+
+Per (agent, stage kind) it keeps the empirical distribution of output lengths of finished
+requests (a sliding window of the most recent `window` observations), seeded with a prior of
+`prior_weight` pseudo-observations at `prior_output_tokens`. Service time in seconds is
+`prefill time of the uncached prompt + output tokens * time per output token`, where the time per
+output token is an exponentially weighted mean of the decode iterations the engine reports,
+starting from the cost model's batch-1 decode time. Working in tokens makes "service already
+received" exact (the tokens a request has generated), and the residual
+``E[X - g | X > g]`` is read straight off the empirical distribution.
+
+Policies see true output lengths only when the run uses the oracle length hint: then the engine
+hands the estimator a lookup of true lengths and every expectation uses it instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from topas_bench.schedulers.base import RequestView, StageView
+
+
+class CostLike(Protocol):
+    def prefill_s(self, items: Sequence[tuple[int, int]]) -> float: ...
+    def decode_step_s(self, batch: int, context_tokens: int) -> float: ...
+
+
+TrueLength = Callable[[str, str], int]  # (task_id, stage_id) -> true output tokens
+
+
+class _Dist:
+    """Sorted window of samples with suffix sums, for O(log n) conditional residual means."""
+
+    __slots__ = ("_order", "_sorted", "_suffix", "_window")
+
+    def __init__(self, window: int) -> None:
+        self._window = window
+        self._order: deque[float] = deque()
+        self._sorted: list[float] = []
+        self._suffix: list[float] = [0.0]  # _suffix[i] = sum(_sorted[i:])
+
+    def add(self, x: float) -> None:
+        self._order.append(x)
+        bisect.insort(self._sorted, x)
+        if len(self._order) > self._window:
+            old = self._order.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        suffix = [0.0] * (len(self._sorted) + 1)
+        for i in range(len(self._sorted) - 1, -1, -1):
+            suffix[i] = suffix[i + 1] + self._sorted[i]
+        self._suffix = suffix
+
+    def residual(self, attained: float, prior: float, prior_weight: float) -> float:
+        """E[X - a | X > a] over the samples plus `prior_weight` pseudo-samples at `prior`."""
+        i = bisect.bisect_right(self._sorted, attained)
+        n_above = len(self._sorted) - i
+        total = self._suffix[i] - attained * n_above
+        weight = float(n_above)
+        if prior > attained:
+            total += prior_weight * (prior - attained)
+            weight += prior_weight
+        if weight == 0.0:
+            # Everything seen finished earlier than this request has run: expect it to end
+            # soon, but not instantly (one more quantum of its own length).
+            return max(1.0, 0.1 * attained)
+        return total / weight
+
+
+class ServiceEstimator:
+    """Expected (residual) output tokens and service seconds per (agent, kind)."""
+
+    def __init__(
+        self,
+        cost: CostLike,
+        *,
+        true_length: TrueLength | None = None,
+        prior_output_tokens: float = 256.0,
+        prior_weight: float = 2.0,
+        window: int = 512,
+        tpot_alpha: float = 0.05,
+    ) -> None:
+        self._cost = cost
+        self._true = true_length
+        self._prior = prior_output_tokens
+        self._prior_weight = prior_weight
+        self._window = window
+        self._alpha = tpot_alpha
+        self._dists: dict[tuple[str, str], _Dist] = {}
+        self._tpot_s = cost.decode_step_s(1, 1024)
+        self._prefill_memo: dict[tuple[int, int], float] = {}
+        self._full_memo: dict[tuple[str, str], float] = {}
+        #: Bumped on every observed finish: expectations in tokens only change then.
+        self.version = 0
+
+    @property
+    def oracle(self) -> bool:
+        return self._true is not None
+
+    @property
+    def tpot_s(self) -> float:
+        """Current estimate of the time per output token (one decode iteration)."""
+        return self._tpot_s
+
+    def observe(self, agent: str, kind: str, output_tokens: int) -> None:
+        """A request of (agent, kind) finished with `output_tokens` tokens."""
+        d = self._dists.get((agent, kind))
+        if d is None:
+            d = self._dists[(agent, kind)] = _Dist(self._window)
+        d.add(float(output_tokens))
+        self._full_memo.pop((agent, kind), None)
+        self.version += 1
+
+    def observe_decode(self, step_s: float, steps: int = 1) -> None:
+        """The engine ran `steps` decode iterations of `step_s` seconds each."""
+        keep = (1.0 - self._alpha) ** steps
+        self._tpot_s = keep * self._tpot_s + (1.0 - keep) * step_s
+
+    def residual_tokens(
+        self, agent: str, kind: str, generated: int, key: tuple[str, str] | None = None
+    ) -> float:
+        """Expected output tokens still to come for a call that has produced `generated`.
+
+        `key` = (task_id, stage_id) lets the oracle answer exactly.
+        """
+        if self._true is not None and key is not None:
+            return float(max(self._true(*key) - generated, 0))
+        if generated == 0:
+            full = self._full_memo.get((agent, kind))
+            if full is None:
+                full = self._full_memo[(agent, kind)] = self._residual(agent, kind, 0)
+            return full
+        return self._residual(agent, kind, generated)
+
+    def _residual(self, agent: str, kind: str, generated: int) -> float:
+        d = self._dists.get((agent, kind))
+        if d is None:
+            return max(self._prior - generated, 1.0) if self._prior > generated else 1.0
+        return d.residual(float(generated), self._prior, self._prior_weight)
+
+    def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        if new_tokens <= 0:
+            return 0.0
+        key = (new_tokens, cached_tokens)
+        t = self._prefill_memo.get(key)
+        if t is None:
+            if len(self._prefill_memo) > 65536:
+                self._prefill_memo.clear()
+            t = self._prefill_memo[key] = self._cost.prefill_s([(cached_tokens, new_tokens)])
+        return t
+
+    def stage_service_s(self, task_id: str, stage: StageView, cached_tokens: int = 0) -> float:
+        """Expected service of a stage not yet admitted (prefill + all its output)."""
+        out = self.residual_tokens(stage.agent, stage.kind, 0, (task_id, stage.id))
+        new = max(stage.prompt_tokens - cached_tokens, 1)
+        return self.prefill_s(new, cached_tokens) + out * self._tpot_s
+
+    def residual_service_s(self, req: RequestView, cached_tokens: int = 0) -> float:
+        """Expected remaining service of a request, given what it has generated.
+
+        A request still waiting (never admitted, or preempted) also owes its prefill.
+        """
+        out = self.residual_tokens(req.agent, req.kind, req.generated, (req.task_id, req.stage_id))
+        rest = out * self._tpot_s
+        if req.admitted_s is None:
+            new = max(req.prompt_tokens + req.generated - cached_tokens, 1)
+            rest += self.prefill_s(new, cached_tokens)
+        return rest

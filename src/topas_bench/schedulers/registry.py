@@ -1,0 +1,32 @@
+"""The scheduler registry: name -> policy class. Adding a policy = one file + one line here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from topas_bench.registry import Registry
+from topas_bench.schedulers.autellix import Autellix
+from topas_bench.schedulers.base import InvalidParameter, Policy
+from topas_bench.schedulers.fcfs import FCFS
+from topas_bench.schedulers.lpm import LPM
+from topas_bench.schedulers.parrot import ParrotFCFS
+from topas_bench.schedulers.spf import SPF
+
+SCHEDULERS: Registry[type[Policy]] = Registry("scheduler")
+SCHEDULERS.add("fcfs", FCFS)
+SCHEDULERS.add("lpm", LPM)
+SCHEDULERS.add("spf", SPF)
+SCHEDULERS.add("parrot", ParrotFCFS)
+SCHEDULERS.add("autellix", Autellix)
+
+#: The paper's baselines, in the order tables show them.
+BASELINES = ("fcfs", "lpm", "spf", "parrot", "autellix")
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """A fresh policy instance; unknown names list the known ones, bad params name the field."""
+    cls = SCHEDULERS.get(name)
+    try:
+        return cls(**params)
+    except TypeError as e:  # unexpected keyword
+        raise InvalidParameter(f"scheduler {name!r}: {e}") from None

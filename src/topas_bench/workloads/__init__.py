@@ -1,0 +1,5 @@
+"""Workloads: the workflow model, trace I/O and validation, generators and their registry.
+
+`topas_bench.workloads.registry.generate(name, num_tasks=..., ...)` builds any registered
+workload; `topas_bench.workloads.model` holds the data classes (DESIGN section 2).
+"""

@@ -1,0 +1,214 @@
+"""Workload registry: names -> generators, and the plumbing every generator shares.
+
+A generator is ``make(num_tasks, rate_per_s, seed, overrides) -> Workload``. Each family keeps
+its parameters in a frozen dataclass whose defaults are the documented lengths; `overrides`
+replace fields by name. `build_workload` does the rest the same way for every family: it checks
+the run parameters, draws arrivals and per-task contents from one
+``numpy.random.Generator(PCG64(seed))``, numbers tasks ``t0000``... and records every parameter
+in `Workload.params`.
+
+Reproducibility contract: the same (name, num_tasks, rate, seed, overrides) gives an identical
+workload. Arrivals and contents come from two child streams of that one generator, so the first
+n tasks are the same for any `num_tasks` >= n, and a different rate only rescales the arrival
+times (the contents stay identical), which keeps load sweeps comparable.
+
+Adding a workload = one generator module + one line below.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
+
+import numpy as np
+
+from topas_bench.errors import TopasError
+from topas_bench.registry import Registry
+from topas_bench.workloads.arrivals import poisson_arrivals
+from topas_bench.workloads.model import Agent, Stage, Task, Workload
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    P = TypeVar("P", bound=DataclassInstance)
+
+#: ``make(num_tasks, rate_per_s, seed, overrides) -> Workload``
+MakeFn = Callable[[int, float, int, dict[str, Any]], Workload]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A registered workload.
+
+    `default_rate_per_s` is the Poisson arrival rate used when a run does not give one;
+    `rate_note` says where it comes from (e.g. a fraction of measured capacity on a preset).
+    """
+
+    name: str
+    description: str
+    default_rate_per_s: float
+    rate_note: str
+    make: MakeFn
+
+
+WORKLOADS: Registry[WorkloadSpec] = Registry("workload")
+
+
+def generate(
+    name: str,
+    *,
+    num_tasks: int,
+    rate_per_s: float | None = None,
+    seed: int = 0,
+    **overrides: Any,
+) -> Workload:
+    """Build workload `name` with `num_tasks` Poisson arrivals at `rate_per_s` (None = default).
+
+    `overrides` replace the family's parameters by name, e.g.
+    ``generate("chain3", num_tasks=3, prefix_tokens=1000)``. Unknown names and bad values raise
+    `TopasError` with a one-line message.
+    """
+    spec = WORKLOADS.get(name)
+    rate = spec.default_rate_per_s if rate_per_s is None else rate_per_s
+    return spec.make(num_tasks, rate, seed, dict(overrides))
+
+
+# --- shared by the generator modules ----------------------------------------------------------
+
+
+def build_workload(
+    name: str,
+    params_cls: type[P],
+    overrides: Mapping[str, Any],
+    agents: Callable[[P], tuple[Agent, ...]],
+    stages: Callable[[P, str, np.random.Generator], tuple[Stage, ...]],
+    num_tasks: int,
+    rate_per_s: float,
+    seed: int,
+) -> Workload:
+    """Check the run parameters, build the family's params from `overrides`, draw the tasks.
+
+    `stages(params, task_id, rng)` returns one task's stages; it draws whatever it samples from
+    `rng`, a stream that only contents use (arrivals have their own), in task order.
+    """
+    num_tasks = _positive_int(name, "num_tasks", num_tasks)
+    rate_per_s = _float(name, "rate_per_s", rate_per_s)
+    seed = _positive_int(name, "seed", seed, minimum=0)
+    params = parse_params(name, params_cls, overrides)
+
+    arrival_rng, content_rng = np.random.Generator(np.random.PCG64(seed)).spawn(2)
+    arrivals = poisson_arrivals(arrival_rng, num_tasks, rate_per_s)
+    tasks = []
+    for i in range(num_tasks):
+        task_id = f"t{i:04d}"
+        tasks.append(Task(task_id, name, float(arrivals[i]), stages(params, task_id, content_rng)))
+    record: dict[str, Any] = {"num_tasks": num_tasks, "rate_per_s": rate_per_s}
+    for f in fields(params):
+        value = getattr(params, f.name)
+        record[f.name] = list(value) if isinstance(value, tuple) else value  # JSON-shaped
+    return Workload(name, agents(params), tuple(tasks), record, seed, generator=name)
+
+
+def parse_params(workload: str, params_cls: type[P], overrides: Mapping[str, Any]) -> P:
+    """`params_cls(**overrides)`, with one-line errors naming the parameter and the valid ones."""
+    valid = [f.name for f in fields(params_cls)]
+    for key in overrides:
+        if key not in valid:
+            raise TopasError(
+                f"workload {workload!r}: unknown parameter {key!r}; valid: {', '.join(valid)}"
+            )
+    try:
+        return params_cls(**overrides)
+    except TopasError as e:
+        raise TopasError(f"workload {workload!r}: {e}") from None
+
+
+def check_params(params: DataclassInstance) -> None:
+    """Validate and normalise a frozen params dataclass in place (call from `__post_init__`).
+
+    A field's kind is read from its default: an ``int`` is a positive token count; a
+    ``tuple`` is an inclusive ``(low, high)`` token range, 0 < low <= high, which may also be
+    given as a list or as one int (a fixed length); a ``float`` (a delay) is finite and >= 0.
+    """
+    for f in fields(params):
+        value = getattr(params, f.name)
+        if isinstance(f.default, tuple):
+            value = _token_range(f.name, value)
+        elif isinstance(f.default, int):
+            value = _positive_int(None, f.name, value)
+        elif isinstance(f.default, float):
+            value = _float(None, f.name, value, minimum=0.0)
+        object.__setattr__(params, f.name, value)
+
+
+def uniform_tokens(rng: np.random.Generator, low_high: tuple[int, int]) -> int:
+    """A length drawn uniformly from the inclusive range ``(low, high)``."""
+    return int(rng.integers(low_high[0], low_high[1], endpoint=True))
+
+
+def _where(workload: str | None) -> str:
+    return f"workload {workload!r}: " if workload else ""
+
+
+def _is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _positive_int(workload: str | None, name: str, value: object, minimum: int = 1) -> int:
+    if not _is_int(value) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise TopasError(f"{_where(workload)}{name} must be {what}, got {value!r}")
+    return int(value)
+
+
+def _float(workload: str | None, name: str, value: object, minimum: float | None = None) -> float:
+    """A finite number > 0, or >= `minimum` when given."""
+    x = float(value) if _is_int(value) or isinstance(value, float | np.floating) else math.nan
+    if not math.isfinite(x) or (x < minimum if minimum is not None else x <= 0):
+        what = f"a number >= {minimum}" if minimum is not None else "a number > 0"
+        raise TopasError(f"{_where(workload)}{name} must be {what}, got {value!r}")
+    return x
+
+
+def _token_range(name: str, value: object) -> tuple[int, int]:
+    if _is_int(value):
+        value = (value, value)
+    if (
+        not isinstance(value, tuple | list)
+        or len(value) != 2
+        or not all(_is_int(v) for v in value)
+        or not 0 < value[0] <= value[1]
+    ):
+        raise TopasError(
+            f"{name} must be a token range (low, high) with 0 < low <= high, got {value!r}"
+        )
+    return (int(value[0]), int(value[1]))
+
+
+def _lazy(module: str, attr: str) -> MakeFn:
+    """A `make` that imports its generator module on first use (keeps imports light)."""
+
+    def make(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]) -> Workload:
+        fn: MakeFn = getattr(import_module(f"topas_bench.workloads.{module}"), attr)
+        return fn(num_tasks, rate_per_s, seed, overrides)
+
+    make.__qualname__ = f"{module}.{attr}"
+    return make
+
+
+# Default rates are placeholders until the simulator owner measures capacity per preset.
+_TBD_RATE = 0.05
+
+
+def _add(name: str, description: str, module: str, attr: str) -> None:
+    WORKLOADS.add(name, WorkloadSpec(name, description, _TBD_RATE, "TBD", _lazy(module, attr)))
+
+
+_add("chain3", "3 agents in a chain A -> B -> C; fixed lengths", "synthetic", "make_chain3")
+_add("dag4", "diamond A -> {B, C} -> D; fixed lengths", "synthetic", "make_dag4")
+_add("dag10-wide", "planner -> 8 workers -> joiner; fixed lengths", "synthetic", "make_dag10_wide")
+_add("metagpt-sop", "MetaGPT SOP: 5-role chain, PRD to tests", "metagpt", "make_sop")
+_add("metagpt-tl", "MetaGPT TeamLeader: 9-stage star, append-only TL memory", "metagpt", "make_tl")

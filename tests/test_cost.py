@@ -1,0 +1,163 @@
+"""The cost model against DESIGN section 4's sanity anchors, and preset loading."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from topas_bench.errors import TopasError, UnknownNameError
+from topas_bench.runners.sim.cost import (
+    CostModel,
+    Efficiency,
+    load_preset,
+    load_preset_file,
+    preset_names,
+)
+
+PACKAGED = ["a100-qwen32b", "h100-llama8b", "h200-llama8b"]
+
+#: SGLang's CI decode anchor runs `bench_one_batch --batch-size 1 --input 128 --output 8`
+#: (python/sglang/test/test_utils.py), so a decode step sees ~132 tokens of context.
+CI_CONTEXT_TOKENS = 132
+
+
+def cost(name: str) -> CostModel:
+    return CostModel(load_preset(name))
+
+
+@pytest.mark.parametrize(
+    ("preset", "target_ms"),
+    [("h100-llama8b", 7.4), ("h200-llama8b", 5.5)],
+)
+def test_batch1_decode_matches_design_anchor(preset: str, target_ms: float) -> None:
+    step_ms = cost(preset).decode_step_s(1, CI_CONTEXT_TOKENS) * 1e3
+    assert step_ms == pytest.approx(target_ms, rel=0.15)
+
+
+def test_h100_decode_clears_sglang_ci_floor() -> None:
+    # test/srt/test_bench_one_batch.py: assertGreater(output_throughput, 135)
+    tokens_per_s = 1.0 / cost("h100-llama8b").decode_step_s(1, CI_CONTEXT_TOKENS)
+    assert tokens_per_s > 135
+
+
+def test_h100_prefill_2048_matches_design_anchor() -> None:
+    assert cost("h100-llama8b").prefill_token_s(2048) * 1e3 == pytest.approx(56.0, rel=0.15)
+
+
+@pytest.mark.parametrize(
+    ("preset", "kib"), [("a100-qwen32b", 256), ("h100-llama8b", 128), ("h200-llama8b", 128)]
+)
+def test_kv_bytes_per_token(preset: str, kib: int) -> None:
+    assert load_preset(preset).kv_bytes_per_token == kib * 1024
+
+
+def test_a100_derived_budget_is_about_20k_tokens() -> None:
+    assert 15_000 <= load_preset("a100-qwen32b").derived_kv_budget_tokens <= 25_000
+
+
+def test_decode_steps_vectorised_matches_scalar() -> None:
+    model = cost("a100-qwen32b")
+    steps = model.decode_steps_s(8, 10_000, 500)
+    assert steps.shape == (500,)
+    assert steps[0] == model.decode_step_s(8, 10_000)
+    assert steps[123] == pytest.approx(model.decode_step_s(8, 10_000 + 8 * 123), rel=1e-12)
+    assert np.all(np.diff(steps) >= 0)
+    assert steps[-1] > steps[0]  # the KV read grows with the context
+
+
+def test_decode_step_is_a_one_token_prefill() -> None:
+    model = cost("h100-llama8b")
+    contexts = [100, 2_000, 37]
+    as_prefill = model.prefill_s([(c - 1, 1) for c in contexts])
+    assert model.decode_step_s(3, sum(contexts)) == pytest.approx(as_prefill, rel=1e-12)
+
+
+def test_cached_prefill_is_cheaper_than_uncached() -> None:
+    model = cost("a100-qwen32b")
+    cached = model.prefill_s([(4_000, 500)])
+    uncached = model.prefill_s([(0, 4_500)])
+    assert cached < uncached / 4
+    assert model.prefill_s([(0, 500)]) < cached  # attending to the cache is not free
+
+
+def test_prefill_rejects_empty_batch() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        cost("h100-llama8b").prefill_s([])
+
+
+def test_host_load_uses_link_bandwidth() -> None:
+    preset = load_preset("a100-qwen32b")
+    expected = 10_000 * 262_144 / 25e9
+    assert CostModel(preset).host_load_s(10_000) == pytest.approx(expected, rel=1e-12)
+
+
+def test_efficiency_is_overridable() -> None:
+    preset = load_preset("h100-llama8b")
+    faster = dataclasses.replace(
+        preset, efficiency=dataclasses.replace(preset.efficiency, eta_c=0.8, c_step_us=0.0)
+    )
+    assert CostModel(faster).prefill_token_s(2048) < CostModel(preset).prefill_token_s(2048)
+    with pytest.raises(TopasError, match=r"efficiency\.eta_w must be in \(0, 1\]"):
+        Efficiency(eta_w=1.5)
+
+
+def test_preset_names_lists_packaged_files() -> None:
+    assert preset_names() == PACKAGED
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_every_packaged_preset_loads(name: str) -> None:
+    preset = load_preset(name)
+    assert preset.name == name
+    assert preset.derived_kv_budget_tokens > 0
+    model = CostModel(preset)
+    assert 0 < model.decode_step_s(1, 1) < model.prefill_token_s(4096)
+
+
+def test_unknown_preset_lists_known_names() -> None:
+    with pytest.raises(UnknownNameError) as info:
+        load_preset("x")
+    assert str(info.value) == "unknown preset 'x'; known: a100-qwen32b, h100-llama8b, h200-llama8b"
+
+
+def _packaged_text() -> str:
+    path = Path(__file__).parents[1] / "src/topas_bench/runners/sim/presets/h100-llama8b.toml"
+    return path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("n_layers = 32", ""), "missing key 'model.n_layers'"),
+        (("n_layers = 32", 'n_layers = "32"'), "key 'model.n_layers' must be int"),
+        (("eta_c = 0.55", "eta_c = 0.55\neta_x = 1.0"), "unknown key(s) at [efficiency]: eta_x"),
+        (("hbm_tbps = 3.35", "hbm_tbps = -3.35"), "gpu.hbm_tbps must be > 0"),
+        (("[model]", "[modle]"), "unknown key(s) at top level: modle"),
+        (('name = "h100-llama8b"', "name = "), "invalid TOML"),
+    ],
+)
+def test_malformed_preset_file_names_file_and_key(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    text = _packaged_text()
+    assert edit[0] in text
+    path = tmp_path / "bad.toml"
+    path.write_text(text.replace(edit[0], edit[1], 1), encoding="utf-8")
+    with pytest.raises(TopasError) as info:
+        load_preset_file(path)
+    assert str(path) in str(info.value)
+    assert message in str(info.value)
+
+
+def test_user_preset_file_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(_packaged_text(), encoding="utf-8")
+    assert load_preset_file(path) == load_preset("h100-llama8b")
+
+
+def test_missing_preset_file_is_a_topas_error(tmp_path: Path) -> None:
+    with pytest.raises(TopasError, match="cannot read preset file"):
+        load_preset_file(tmp_path / "absent.toml")
