@@ -26,8 +26,10 @@ from topas_bench.workloads.model import Workload
 from topas_bench.workloads.registry import WORKLOADS, generate
 from topas_bench.workloads.trace import validate
 
-#: Tasks in the burst used to measure a workload's capacity (see `measure_capacity`).
-CAPACITY_PROBE_TASKS = 100
+#: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
+CAPACITY_PROBE_TASKS = 200
+CAPACITY_JCT_INFLATION = 3.0
+CAPACITY_BISECTIONS = 7
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,9 @@ def plan_run(
     if kv_budget_tokens is not None and kv_budget_tokens < 1:
         raise TopasError(f"--kv-budget must be a positive number of tokens, got {kv_budget_tokens}")
     budget = kv_budget_tokens if kv_budget_tokens is not None else pre.derived_kv_budget_tokens
-    sim = SimConfig(kv_budget_tokens=budget, length_hint=length_hint, host_tier_tokens=host_tier_tokens)
+    sim = SimConfig(
+        kv_budget_tokens=budget, length_hint=length_hint, host_tier_tokens=host_tier_tokens
+    )
     wparams = dict(workload_params or {})
     capacity = None
     if load is not None:
@@ -138,7 +142,9 @@ def plan_run(
     problems = validate(w, kv_budget_tokens=budget)
     if problems:
         p = problems[0]
-        raise TopasError(f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}")
+        raise TopasError(
+            f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}"
+        )
     sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
     for name in schedulers:
         make_policy(name, **sparams.get(name, {}))  # reject bad parameters before running
@@ -216,18 +222,35 @@ def workload_digest(w: Workload) -> str:
 def measure_capacity(
     workload: str, params: tuple[tuple[str, Any], ...], preset: Preset, kv_budget_tokens: int
 ) -> float:
-    """Saturated task throughput (tasks/s): `CAPACITY_PROBE_TASKS` tasks arrive at once and
-    are served FCFS; capacity = tasks / makespan. A load of F then means a Poisson rate of
-    F x capacity. FCFS is the reference so that the same load means the same rate for every
-    scheduler."""
-    w = generate(workload, num_tasks=CAPACITY_PROBE_TASKS, rate_per_s=1e9, seed=0, **dict(params))
-    check_fits(w, kv_budget_tokens)
-    sim = Simulator(
-        w, make_policy("fcfs"), CostModel(preset),
-        SimConfig(kv_budget_tokens=kv_budget_tokens, record_timeline=False),
-    )  # fmt: skip
-    res = sim.run()
-    return CAPACITY_PROBE_TASKS / res.sim_time_s
+    """A workload's capacity (tasks/s) on one engine setting: the Poisson rate at which FCFS's
+    mean JCT reaches `CAPACITY_JCT_INFLATION` times the mean JCT of the same tasks served one
+    at a time (the knee of FCFS's load curve; beyond it queues grow fast).
+
+    Found by doubling, then bisection in log-rate, on a `CAPACITY_PROBE_TASKS`-task sample
+    (seed 0). Generators keep task contents fixed across rates, so only spacing changes. A
+    load of F means a Poisson rate of F x capacity, the same rate for every scheduler.
+    """
+    cost = CostModel(preset)
+    cfg = SimConfig(kv_budget_tokens=kv_budget_tokens, record_timeline=False)
+
+    def mean_jct(rate: float) -> float:
+        w = generate(
+            workload, num_tasks=CAPACITY_PROBE_TASKS, rate_per_s=rate, seed=0, **dict(params)
+        )
+        check_fits(w, kv_budget_tokens)
+        res = Simulator(w, make_policy("fcfs"), cost, cfg).run()
+        return float(res.tasks["jct_s"].mean())
+
+    solo = mean_jct(1e-9)
+    target = CAPACITY_JCT_INFLATION * solo
+    lo, hi = 0.0, 1.0 / solo
+    while mean_jct(hi) < target:
+        lo, hi = hi, hi * 2.0
+    lo = lo or hi / 2.0
+    for _ in range(CAPACITY_BISECTIONS):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if mean_jct(mid) < target else (lo, mid)
+    return math.sqrt(lo * hi)
 
 
 __all__ = ["BASELINES", "CellResult", "RunPlan", "measure_capacity", "plan_run", "run_cell"]

@@ -59,20 +59,24 @@ class RequestView(Protocol):
     def prompt(self) -> Sequence[Segment]:
         """The prompt's segments (what the server's tokenizer sees, as content keys)."""
         ...
+
     @property
     def prompt_tokens(self) -> int: ...
     @property
     def generated(self) -> int:
         """Output tokens produced so far (kept across a preemption only as a count)."""
         ...
+
     @property
     def ready_s(self) -> float:
         """When the client sent the request."""
         ...
+
     @property
     def queued_s(self) -> float:
         """When it last entered the waiting queue (later than `ready_s` after a preemption)."""
         ...
+
     @property
     def admitted_s(self) -> float | None: ...
     @property
@@ -117,6 +121,7 @@ class TaskView(Protocol):
     def attained_s(self) -> float:
         """Sum of the service its requests received so far (seconds)."""
         ...
+
     @property
     def stages(self) -> Mapping[str, StageView]:
         """Stages in topological order."""
@@ -145,10 +150,12 @@ class EngineView(Protocol):
     def running_tokens(self) -> int:
         """KV held privately by running requests (tokens not in the shared cache)."""
         ...
+
     @property
     def locked_tokens(self) -> int:
         """Cached tokens locked by running requests or kept by the policy."""
         ...
+
     @property
     def evictable_tokens(self) -> int: ...
     @property
@@ -159,6 +166,7 @@ class EngineView(Protocol):
     def reserved_tokens(self) -> float:
         """Decode headroom the admission mechanism holds back for running requests."""
         ...
+
     @property
     def waiting(self) -> Sequence[RequestView]: ...
     @property
@@ -170,6 +178,7 @@ class EngineView(Protocol):
     def cached_tokens(self, req: RequestView) -> int:
         """Tokens of `req`'s prompt that are on the GPU right now (its prefix-cache hit)."""
         ...
+
     def prefixes(self) -> Sequence[PrefixView]: ...
     def admission_need(self, req: RequestView) -> int:
         """KV tokens admitting `req` would charge against the budget right now."""

@@ -72,9 +72,7 @@ class Stage:
     def __post_init__(self) -> None:
         # Tolerates junk: the trace parser builds stages from unchecked input, then validates.
         segs = self.prompt if isinstance(self.prompt, tuple | list) else ()
-        total = sum(
-            s.tokens for s in segs if isinstance(s, Segment) and isinstance(s.tokens, int)
-        )
+        total = sum(s.tokens for s in segs if isinstance(s, Segment) and isinstance(s.tokens, int))
         object.__setattr__(self, "prompt_tokens", total)
 
     @property

@@ -47,7 +47,10 @@ class Admission:
 
 
 def running_offset(req: SimRequest, ratio: float, clip: int) -> float:
-    """Decode headroom held back for a running request (`_get_running_request_total_token_offset`)."""
+    """Decode headroom held back for a running request.
+
+    SGLang: `PrefillAdder._get_running_request_total_token_offset`.
+    """
     r = 1.0 if req.ignore_eos else ratio
     return min(req.max_new_tokens - req.generated, clip) * r
 
@@ -115,6 +118,8 @@ class PrefillAdder:
 
     def add_one(self, req: SimRequest) -> AddResult:
         """Try to admit a waiting request (`add_one_req`); on success its prefix is locked."""
+        if self.rem_chunk <= 0 or self.rem_input <= 0:
+            return AddResult.OTHER  # a chunk continuation took the whole budget
         match = self.match_of(req)
         need = self.need(req, match)
         self.cache.lock(match.node)  # the temporary pin of SGLang's `_lock_node`

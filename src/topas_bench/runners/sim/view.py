@@ -90,7 +90,9 @@ class SimView:
             node = cache.child(key)
             kept = key in cache.kept
             if node is None:
-                out.append(PrefixView(agent.name, agent.prefix_tokens, PrefixLocation.NONE, 0, False))
+                out.append(
+                    PrefixView(agent.name, agent.prefix_tokens, PrefixLocation.NONE, 0, False)
+                )
                 continue
             where = PrefixLocation.GPU if node.on_gpu else PrefixLocation.HOST
             out.append(PrefixView(agent.name, node.tokens, where, node.lock - int(kept), kept))

@@ -1,0 +1,1 @@
+"""Metrics, tables, figures and reports over result files."""

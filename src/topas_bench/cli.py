@@ -1,0 +1,314 @@
+"""The `topas-bench` command line: thin typer commands over the library.
+
+Each command parses, calls one library function, prints. Problems with the input are one line
+on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from topas_bench.errors import TopasError
+from topas_bench.workloads.trace import TraceError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    help="Schedulers for multi-agent LLM serving: TOPAS, its baselines, an SGLang-faithful "
+    "simulator.\n\nExample: topas-bench run --workload metagpt-tl --scheduler all",
+)
+workloads_app = typer.Typer(
+    no_args_is_help=True, help="List, inspect, export and validate workloads."
+)
+schedulers_app = typer.Typer(no_args_is_help=True, help="List the registered schedulers.")
+presets_app = typer.Typer(no_args_is_help=True, help="List and show hardware/model presets.")
+app.add_typer(workloads_app, name="workloads")
+app.add_typer(schedulers_app, name="schedulers")
+app.add_typer(presets_app, name="presets")
+
+# Wide enough for the JCT table when output is piped (rich assumes 80 columns there).
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn library errors into one clear line and exit code 2 (a trace: every problem)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except TraceError as e:
+            err.print(f"error: {e.source}: {len(e.problems)} problem(s)", markup=False)
+            err.print(e.report(), markup=False)
+            raise typer.Exit(2) from None
+        except TopasError as e:
+            err.print(f"error: {e}", markup=False)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted: finished runs are kept; run again to resume", markup=False)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
+    """`key=value` pairs; values are JSON when they parse as JSON, else strings."""
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise TopasError(f"{flag} expects key=value, got {item!r}")
+        try:
+            result[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            result[key.strip()] = raw
+    return result
+
+
+def parse_scheduler_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`name.key=value` pairs, grouped by scheduler name."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in parse_assignments(items, "--scheduler-param").items():
+        name, dot, param = key.partition(".")
+        if not dot or not param:
+            raise TopasError(f"--scheduler-param expects scheduler.key=value, got {key!r}")
+        grouped.setdefault(name, {})[param] = value
+    return grouped
+
+
+# -- run ---------------------------------------------------------------------------------------
+@app.command()
+@handles_errors
+def run(
+    workload: Annotated[
+        str, typer.Option("--workload", "-w", help="Workload name (see `workloads list`).")
+    ] = "metagpt-tl",
+    scheduler: Annotated[
+        str, typer.Option("--scheduler", "-s", help="`all` or a comma-separated list.")
+    ] = "all",
+    rate: Annotated[
+        float | None, typer.Option(help="Poisson arrival rate, tasks/s (default: the workload's).")
+    ] = None,
+    load: Annotated[
+        float | None,
+        typer.Option(help="Arrival rate as a fraction of measured capacity (instead of --rate)."),
+    ] = None,
+    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Number of tasks.")] = 200,
+    seed: Annotated[int, typer.Option(help="Seed of the workload sample.")] = 0,
+    preset: Annotated[
+        str, typer.Option(help="Hardware/model preset (see `presets list`).")
+    ] = "a100-qwen32b",
+    kv_budget: Annotated[
+        int | None,
+        typer.Option(
+            "--kv-budget", help="KV cache budget in tokens (default: derived from the preset)."
+        ),
+    ] = None,
+    length_hint: Annotated[
+        str, typer.Option(help="`none`, or `oracle` to show policies true output lengths.")
+    ] = "none",
+    host_tier_tokens: Annotated[
+        int, typer.Option(help="Host-memory KV tier capacity in tokens (0 = off).")
+    ] = 0,
+    workload_param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--workload-param", help="Override a generator parameter, key=value (repeatable)."
+        ),
+    ] = None,
+    scheduler_param: Annotated[
+        list[str] | None,
+        typer.Option("--scheduler-param", help="Scheduler parameter, name.key=value (repeatable)."),
+    ] = None,
+    engine: Annotated[str, typer.Option(help="Engine: `sim` (the simulator).")] = "sim",
+    out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs"),
+    force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
+) -> None:
+    """Run schedulers on one sampled workload and print a JCT table per scheduler.
+
+    Every scheduler sees the same tasks. Results go to OUT/<workload>/<scheduler>/<cell>/
+    (Parquet tables + run.json); a finished cell is reused unless --force.
+
+    Examples:
+      topas-bench run --workload metagpt-tl
+      topas-bench run -w dag4 -s fcfs,lpm --load 0.8 -n 500 --seed 3
+      topas-bench run -w chain3 --kv-budget 40000 --out /tmp/runs
+    """
+    from topas_bench.analysis.console import print_plan, print_run_table
+    from topas_bench.experiment import parse_schedulers, plan_run, run_cell
+
+    if engine != "sim":
+        raise TopasError(f"unknown engine {engine!r}; known: sim")
+    if length_hint not in ("none", "oracle"):
+        raise TopasError(f"--length-hint must be `none` or `oracle`, got {length_hint!r}")
+    names = parse_schedulers(scheduler)
+    plan = plan_run(
+        workload=workload, schedulers=names, num_tasks=tasks, seed=seed, rate_per_s=rate,
+        load=load, preset=preset, kv_budget_tokens=kv_budget,
+        length_hint="oracle" if length_hint == "oracle" else "none",
+        host_tier_tokens=host_tier_tokens, out=out_dir,
+        workload_params=parse_assignments(workload_param or [], "--workload-param"),
+        scheduler_params=parse_scheduler_params(scheduler_param or []),
+    )  # fmt: skip
+    print_plan(out, plan)
+    results = []
+    with Progress(
+        TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("tasks"), TimeElapsedColumn(), console=err, transient=False,
+    ) as progress:  # fmt: skip
+        for name in plan.schedulers:
+            bar = progress.add_task(name, total=plan.num_tasks)
+            cell = run_cell(plan, name, force=force, on_task_done=_advance(progress, bar))
+            progress.update(bar, completed=plan.num_tasks)
+            results.append(cell)
+    print_run_table(out, plan, results)
+
+
+def _advance(progress: Progress, bar: TaskID) -> Callable[[int], None]:
+    def update(done: int) -> None:
+        progress.update(bar, completed=done)
+
+    return update
+
+
+# -- workloads ---------------------------------------------------------------------------------
+@workloads_app.command("list")
+@handles_errors
+def workloads_list() -> None:
+    """List the registered workloads with their default arrival rates.
+
+    Example: topas-bench workloads list
+    """
+    from topas_bench.analysis.console import print_workloads
+
+    print_workloads(out)
+
+
+@workloads_app.command("show")
+@handles_errors
+def workloads_show(
+    name: Annotated[str, typer.Argument(help="Workload name.")],
+    seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
+    workload_param: Annotated[
+        list[str] | None, typer.Option("--workload-param", help="key=value override (repeatable).")
+    ] = None,
+) -> None:
+    """Show a workload's agents and the DAG of one sampled task.
+
+    Example: topas-bench workloads show metagpt-tl
+    """
+    from topas_bench.analysis.console import print_workload
+    from topas_bench.workloads.registry import generate
+
+    params = parse_assignments(workload_param or [], "--workload-param")
+    print_workload(out, generate(name, num_tasks=1, seed=seed, **params))
+
+
+@workloads_app.command("export")
+@handles_errors
+def workloads_export(
+    name: Annotated[str, typer.Argument(help="Workload name.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write (JSONL).")],
+    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Number of tasks.")] = 100,
+    rate: Annotated[
+        float | None, typer.Option(help="Arrival rate, tasks/s (default: the workload's).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    workload_param: Annotated[
+        list[str] | None, typer.Option("--workload-param", help="key=value override (repeatable).")
+    ] = None,
+) -> None:
+    """Sample a workload and write it as a versioned JSONL trace.
+
+    Example: topas-bench workloads export dag4 -n 50 -o dag4.jsonl
+    """
+    from topas_bench.workloads.registry import generate
+    from topas_bench.workloads.trace import dump_workload
+
+    params = parse_assignments(workload_param or [], "--workload-param")
+    w = generate(name, num_tasks=tasks, rate_per_s=rate, seed=seed, **params)
+    dump_workload(w, output)
+    out.print(f"wrote {output}: {len(w.tasks)} tasks, {sum(len(t.stages) for t in w.tasks)} calls")
+
+
+@workloads_app.command("validate")
+@handles_errors
+def workloads_validate(
+    path: Annotated[Path, typer.Argument(help="Trace file (JSONL).")],
+    kv_budget: Annotated[
+        int | None,
+        typer.Option("--kv-budget", help="Also check every call fits this KV budget (tokens)."),
+    ] = None,
+) -> None:
+    """Validate a trace file and report every problem with its line and field.
+
+    Example: topas-bench workloads validate dag4.jsonl --kv-budget 18692
+    """
+    from topas_bench.workloads.trace import load_workload
+
+    w = load_workload(path, kv_budget_tokens=kv_budget)
+    calls = sum(len(t.stages) for t in w.tasks)
+    out.print(f"{path}: valid: {len(w.tasks)} tasks, {calls} calls, {len(w.agents)} agents")
+
+
+# -- schedulers and presets -------------------------------------------------------------------
+@schedulers_app.command("list")
+@handles_errors
+def schedulers_list() -> None:
+    """List the registered schedulers.
+
+    Example: topas-bench schedulers list
+    """
+    from topas_bench.analysis.console import print_schedulers
+
+    print_schedulers(out)
+
+
+@presets_app.command("list")
+@handles_errors
+def presets_list() -> None:
+    """List the packaged presets with their derived KV budgets.
+
+    Example: topas-bench presets list
+    """
+    from topas_bench.analysis.console import print_presets
+
+    print_presets(out)
+
+
+@presets_app.command("show")
+@handles_errors
+def presets_show(name: Annotated[str, typer.Argument(help="Preset name.")]) -> None:
+    """Show a preset's hardware, model and cost-model values.
+
+    Example: topas-bench presets show a100-qwen32b
+    """
+    from topas_bench.analysis.console import print_preset
+    from topas_bench.runners.sim.cost import load_preset
+
+    print_preset(out, load_preset(name))
+
+
+def main() -> None:
+    app()
