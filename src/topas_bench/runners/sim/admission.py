@@ -15,8 +15,9 @@ SGLang 0.5.23, `managers/schedule_policy.py` (`PrefillAdder.add_one_req`, `add_c
 - After each admission: NO_TOKEN if `remaining_total` or `remaining_current` is exhausted, OTHER
   if the prefill-token or chunk budget is spent; either stops the pass.
 
-Deviation: a host-tier hit is charged in full against the budget (SGLang's single-pool budget
-does not count it), so loading a prefix back can never overcommit memory.
+A host-tier hit is loaded back during the pass, as SGLang's `init_load_back` does inside
+`add_one_req`; unlike SGLang's single-pool budget, the admission check also counts the loaded
+tokens in the need, so a load-back can never overcommit memory.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class PrefillAdder:
     def __init__(
         self,
         cache: RadixCache,
-        free_tokens: int,
+        free_tokens: Callable[[], int],
         running: Sequence[SimRequest],
         ratio: float,
         cfg: SimConfig,
@@ -69,7 +70,7 @@ class PrefillAdder:
     ) -> None:
         self.cache = cache
         self.match_of = match_of or (lambda r: cache.match(r.prompt))
-        self.free = free_tokens
+        self.free = free_tokens  # live: host load-backs allocate during the pass
         self.cfg = cfg
         self.total_offset = sum(running_offset(r, ratio, cfg.clip_max_new_tokens) for r in running)
         self.current_offset = 0.0
@@ -81,11 +82,11 @@ class PrefillAdder:
 
     @property
     def remaining_total(self) -> float:
-        return self.free + self.cache.evictable_tokens - self.total_offset
+        return self.free() + self.cache.evictable_tokens - self.total_offset
 
     @property
     def remaining_current(self) -> float:
-        return self.free + self.cache.evictable_tokens - self.current_offset
+        return self.free() + self.cache.evictable_tokens - self.current_offset
 
     def _max_new(self, req: SimRequest) -> int:
         return min(max(req.max_new_tokens - req.generated, 0), self.cfg.clip_max_new_tokens)
@@ -136,7 +137,9 @@ class PrefillAdder:
             self.new_chunked = req
         context = req.prompt_tokens + req.generated - extend
         self.batch.append(Admission(req, new, context, match))
-        self._reserve(new + match.host_tokens, max_new)
+        # The caller loads any host-tier hit now (`init_load_back`), so only the extend and
+        # the decode headroom are reserved here.
+        self._reserve(new, max_new)
         return self._state()
 
     def _reserve(self, new: int, max_new: int) -> None:

@@ -35,6 +35,8 @@ class SimConfig:
         every iteration; 1 reproduces that exactly at a higher simulation cost.
     length_hint: "oracle" lets policies see true output lengths.
     record_timeline: keep the per-iteration timeline (batch, KV use, residency).
+    check_invariants: re-derive the memory accounting from scratch after every event and fail
+        loudly on any mismatch (slow; for tests).
     """
 
     kv_budget_tokens: int
@@ -50,6 +52,7 @@ class SimConfig:
     decision_interval_steps: int = 8
     length_hint: LengthHint = "none"
     record_timeline: bool = True
+    check_invariants: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -62,6 +62,7 @@ class Simulator:
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.chunked: SimRequest | None = None
+        self.prefilling: list[SimRequest] = []  # the in-flight prefill batch (incl. chunked)
         self.ratio = config.init_new_token_ratio
         self.now = 0.0
         self.tasks: dict[str, TaskRun] = {}
@@ -111,12 +112,45 @@ class Simulator:
                     self._iteration_done(*payload)
             if not self._busy:
                 self._start_iteration()
+            if self.cfg.check_invariants:
+                self.check_invariants()
         if self._done_tasks != len(self.workload.tasks):
             raise SimulationError(
                 f"{len(self.workload.tasks) - self._done_tasks} tasks never finished "
                 f"under scheduler {self.policy.name!r}"
             )
         return self.rec.result(self.now, time.perf_counter() - wall0)
+
+    def check_invariants(self) -> None:
+        """Re-derive KV accounting and lock counts from scratch; raise on any mismatch."""
+        live = list({id(r): r for r in [*self.running, *self.prefilling]}.values())
+        held = sum(r.private_tokens for r in live)
+        if held != self.private_tokens:
+            raise SimulationError(f"private KV {self.private_tokens} != held by requests {held}")
+        if self.free_tokens < 0:
+            raise SimulationError(f"KV budget exceeded by {-self.free_tokens} tokens")
+        locks: dict[int, int] = {}
+        for node in [*(r.lock_node for r in live), *self.cache.kept.values()]:
+            n = node
+            while n is not None and n is not self.cache.root:
+                locks[id(n)] = locks.get(id(n), 0) + 1
+                n = n.parent
+        gpu = evictable = 0
+        for n in self.cache.nodes():
+            if n.lock != locks.get(id(n), 0):
+                raise SimulationError(f"node {n.key}: lock {n.lock} != {locks.get(id(n), 0)}")
+            if n.on_gpu:
+                gpu += n.tokens
+                evictable += n.tokens if n.lock == 0 else 0
+                if n.parent is not None and not n.parent.on_gpu:
+                    raise SimulationError(f"GPU node {n.key} under a non-GPU parent")
+            elif n.lock:
+                raise SimulationError(f"locked node {n.key} is not on the GPU")
+        if (gpu, evictable) != (self.cache.gpu_tokens, self.cache.evictable_tokens):
+            raise SimulationError(
+                f"cache says {self.cache.gpu_tokens} GPU / {self.cache.evictable_tokens} "
+                f"evictable, tree holds {gpu} / {evictable}"
+            )
 
     # -- events -----------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any) -> None:
@@ -151,6 +185,7 @@ class Simulator:
             dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
             new = sum(a.new_tokens for a in batch.batch)
             self.rec.iteration(self, "prefill", dur, 1, len(batch.batch), new)
+            self.prefilling = [a.req for a in batch.batch]
             self._begin(dur, ("prefill", batch, dur))
             return
         if self.running:
@@ -214,7 +249,6 @@ class Simulator:
         self.chunked = adder.new_chunked
         admitted = {a.req.rid for a in adder.batch}
         self.waiting = [r for r in self.waiting if r.rid not in admitted]
-        self._load_back(adder)
         self._allocate(sum(a.new_tokens for a in adder.batch))
         for adm in adder.batch:
             adm.req.private_tokens += adm.new_tokens
@@ -223,7 +257,7 @@ class Simulator:
 
     def _adder(self) -> PrefillAdder:
         return PrefillAdder(
-            self.cache, self.free_tokens, self.running, self.ratio, self.cfg, self.match_of
+            self.cache, lambda: self.free_tokens, self.running, self.ratio, self.cfg, self.match_of
         )
 
     def _own(self, req: Any) -> SimRequest:
@@ -243,22 +277,27 @@ class Simulator:
         if req.first_admitted_s is None:
             req.first_admitted_s = self.now
         req.task.stages[req.stage_id].state = StageState.RUNNING
+        if adm.match.host_nodes:
+            self._load_back(req, adm.match)
         self.rec.admission(req.prompt_tokens, min(req.cached_tokens, req.prompt_tokens))
 
-    def _load_back(self, adder: PrefillAdder) -> None:
-        """Bring admitted requests' host-tier hits back to the GPU; their locks follow."""
-        for adm in adder.batch:
-            if adm.match is None or not adm.match.host_nodes:
-                continue
-            req = adm.req
-            self._allocate(adm.match.host_tokens)
-            self.private_tokens -= adm.match.host_tokens  # now owned by the cache
-            self.cache.load_back(adm.match.host_nodes, self.now)
-            last = adm.match.host_nodes[-1]
-            self.cache.lock(last)
-            assert req.lock_node is not None
-            self.cache.unlock(req.lock_node)
-            req.lock_node = last
+    def _load_back(self, req: SimRequest, match: Match) -> None:
+        """Bring a just-admitted request's host-tier hit back to the GPU (`init_load_back`).
+
+        The nodes go on the GPU and under the request's lock first, then room is made by
+        evicting other nodes, so the loaded chain itself can never be the victim.
+        """
+        nodes = [n for n in match.host_nodes if not n.on_gpu]
+        self.cache.load_back(nodes, self.now)
+        last = match.host_nodes[-1]
+        self.cache.lock(last)
+        self.cache.unlock(match.node)
+        req.lock_node = last
+        short = -self.free_tokens
+        if short > 0:
+            self.cache.evict(short)
+        if self.free_tokens < 0:
+            raise SimulationError(f"KV budget exceeded by {-self.free_tokens} tokens on load-back")
 
     def _allocate(self, tokens: int) -> None:
         """Take `tokens` of KV for request-private use, evicting LRU cache as needed."""
@@ -289,6 +328,7 @@ class Simulator:
         """Free a running request's private KV and requeue it (`release_req` + requeue)."""
         if req is self.chunked:
             self.chunked = None
+            self.prefilling = [r for r in self.prefilling if r is not req]
         elif req in self.running:
             self.running.remove(req)
         else:
@@ -381,6 +421,7 @@ class Simulator:
             self._decode_done(what, dur)
 
     def _prefill_done(self, adder: PrefillAdder, dur: float) -> None:
+        self.prefilling = [self.chunked] if self.chunked is not None else []
         for adm in adder.batch:
             req = adm.req
             req.done_prefill += adm.new_tokens

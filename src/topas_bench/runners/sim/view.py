@@ -78,7 +78,7 @@ class SimView:
 
     def admission_need(self, req: RequestView) -> int:
         sim = self._sim
-        adder = PrefillAdder(sim.cache, sim.free_tokens, (), sim.ratio, sim.cfg)
+        adder = PrefillAdder(sim.cache, lambda: sim.free_tokens, (), sim.ratio, sim.cfg)
         r = self._req(req)
         return adder.need(r, sim.match_of(r))
 
