@@ -44,8 +44,9 @@ app.add_typer(schedulers_app, name="schedulers")
 app.add_typer(presets_app, name="presets")
 
 # Wide enough for the JCT table when output is piped (rich assumes 80 columns there).
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# emoji=False: rich would render segment keys like `agent:A:4096` as emoji (`:a:`).
+out = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -22,7 +22,7 @@ from topas_bench.runners.sim.config import LengthHint, SimConfig
 from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy
-from topas_bench.workloads.model import Workload
+from topas_bench.workloads.model import Stage, Workload
 from topas_bench.workloads.registry import WORKLOADS, generate
 from topas_bench.workloads.trace import validate
 
@@ -146,6 +146,13 @@ def plan_run(
             f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}"
         )
     sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
+    for name in sparams:
+        if name not in schedulers:
+            SCHEDULERS.get(name)  # an unknown name: raises with the known names
+            raise TopasError(
+                f"--scheduler-param for {name!r}, which is not in this run "
+                f"(schedulers: {', '.join(schedulers)})"
+            )
     for name in schedulers:
         make_policy(name, **sparams.get(name, {}))  # reject bad parameters before running
     return RunPlan(
@@ -156,16 +163,23 @@ def plan_run(
     )  # fmt: skip
 
 
-def check_fits(w: Workload, kv_budget_tokens: int) -> None:
-    """Every call must fit alone: prompt + output (+1 page of headroom) within the budget."""
-    worst = max(w.stages(), key=lambda ts: ts[1].prompt_tokens + ts[1].output_tokens)
-    stage = worst[1]
-    need = stage.prompt_tokens + stage.output_tokens + 1
+def check_fits(
+    w: Workload, kv_budget_tokens: int, clip_max_new_tokens: int = SimConfig.clip_max_new_tokens
+) -> None:
+    """Every call must be admissible alone on an idle server. Admission (`PrefillAdder.need`)
+    charges prompt + min(max_new_tokens, clip) + 1 tokens and needs that strictly below the
+    budget, so the least budget is prompt + min(max_new_tokens, clip) + 2."""
+
+    def least(s: Stage) -> int:
+        return s.prompt_tokens + min(s.max_new_tokens, clip_max_new_tokens) + 2
+
+    stage = max((s for _, s in w.stages()), key=least)
+    need = least(stage)
     if need > kv_budget_tokens:
         raise TopasError(
             f"KV budget of {kv_budget_tokens:,} tokens is smaller than the largest call in "
-            f"{w.name!r} (prompt {stage.prompt_tokens:,} + output {stage.output_tokens:,} tokens); "
-            f"raise --kv-budget to at least {need:,}"
+            f"{w.name!r} (prompt {stage.prompt_tokens:,} + output {stage.output_tokens:,} tokens, "
+            f"max_new_tokens {stage.max_new_tokens:,}); raise --kv-budget to at least {need:,}"
         )
 
 

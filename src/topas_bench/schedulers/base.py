@@ -184,6 +184,16 @@ class EngineView(Protocol):
         """KV tokens admitting `req` would charge against the budget right now."""
         ...
 
+    def lock_cost(self, req: RequestView) -> int:
+        """Evictable cached tokens on `req`'s matched prefix, which admitting it would lock
+        (and so take out of the admission budget)."""
+        ...
+
+    def reload_s(self, agent: str) -> float:
+        """Seconds to bring `agent`'s prefix onto the GPU now: 0 if resident, a host-tier load
+        if it is on the host, else the prefill time to recompute it."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

@@ -30,6 +30,14 @@ class LPM(Policy):
     ) -> None:
         if fallback_above < 0:
             raise InvalidParameter(f"fallback_above must be >= 0, got {fallback_above}")
+        if in_batch_check_tokens < 0:
+            raise InvalidParameter(
+                f"in_batch_check_tokens must be >= 0, got {in_batch_check_tokens}"
+            )
+        if in_batch_deprioritize_tokens < 0:
+            raise InvalidParameter(
+                f"in_batch_deprioritize_tokens must be >= 0, got {in_batch_deprioritize_tokens}"
+            )
         self.fallback_above = fallback_above
         self.check = in_batch_check_tokens
         self.deprioritize = in_batch_deprioritize_tokens
@@ -48,7 +56,10 @@ class LPM(Policy):
             return Decision(admit=queue)
         hits = {r.rid: view.cached_tokens(r) for r in queue}
         demoted = self._in_batch_demotions(queue, hits)
-        return Decision(admit=sorted(queue, key=lambda r: (r.rid in demoted, -hits[r.rid])))
+        # Demoted requests all sort last in queue order (SGLang keys them float("inf")).
+        return Decision(
+            admit=sorted(queue, key=lambda r: float("inf") if r.rid in demoted else -hits[r.rid])
+        )
 
     def _in_batch_demotions(self, queue: list[RequestView], hits: dict[int, int]) -> set[int]:
         trie: dict[str, Any] = {}

@@ -11,6 +11,7 @@ from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.parrot import ParrotFCFS
 from topas_bench.schedulers.spf import SPF
+from topas_bench.schedulers.topas import Topas, TopasBase, TopasNoAging, TopasNoReuse
 
 SCHEDULERS: Registry[type[Policy]] = Registry("scheduler")
 SCHEDULERS.add("fcfs", FCFS)
@@ -18,9 +19,15 @@ SCHEDULERS.add("lpm", LPM)
 SCHEDULERS.add("spf", SPF)
 SCHEDULERS.add("parrot", ParrotFCFS)
 SCHEDULERS.add("autellix", Autellix)
+SCHEDULERS.add("topas", Topas)
+SCHEDULERS.add("topas-base", TopasBase)
+SCHEDULERS.add("topas-no-reuse", TopasNoReuse)
+SCHEDULERS.add("topas-no-aging", TopasNoAging)
 
 #: The paper's baselines, in the order tables show them.
 BASELINES = ("fcfs", "lpm", "spf", "parrot", "autellix")
+#: TOPAS's ablations (DESIGN section 5).
+ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging")
 
 
 def make_policy(name: str, **params: Any) -> Policy:

@@ -67,12 +67,19 @@ class PrefillAdder:
         ratio: float,
         cfg: SimConfig,
         match_of: Callable[[SimRequest], Match] | None = None,
+        chunked: SimRequest | None = None,
     ) -> None:
         self.cache = cache
         self.match_of = match_of or (lambda r: cache.match(r.prompt))
         self.free = free_tokens  # live: host load-backs allocate during the pass
         self.cfg = cfg
         self.total_offset = sum(running_offset(r, ratio, cfg.clip_max_new_tokens) for r in running)
+        if chunked is not None:
+            # Deviation: the in-flight chunked request's unprefilled rest and its decode
+            # headroom stay reserved, so later admissions cannot take the memory its next
+            # chunks need (SGLang reserves only the current chunk and can run out there).
+            self.total_offset += chunked.extend_tokens - chunked.done_prefill
+            self.total_offset += self._max_new(chunked)
         self.current_offset = 0.0
         self.rem_input = cfg.max_prefill_tokens
         self.rem_chunk = cfg.chunked_prefill_size
@@ -105,17 +112,19 @@ class PrefillAdder:
         return self.extend_tokens(req, match) + match.host_tokens + self._max_new(req) + 1
 
     def add_chunked(self, req: SimRequest) -> None:
-        """Continue the in-flight chunked request (`add_chunked_req`)."""
-        budget = min(self.rem_chunk, int(self.remaining_total))
-        if budget <= 0:
-            budget = self.rem_chunk  # it must progress to release its KV
+        """Continue the in-flight chunked request (`add_chunked_req`): its next chunk, up to
+        the chunk budget (its memory is already reserved, see `__init__`)."""
         rest = req.extend_tokens - req.done_prefill
-        new = min(rest, budget)
-        truncated = rest > new
+        physical = self.free() + self.cache.evictable_tokens
+        new = min(rest, self.rem_chunk, physical)
+        self.new_chunked = req if new < rest else None
+        if new <= 0:
+            return
         context = req.prompt_tokens + req.generated - req.extend_tokens + req.done_prefill
         self.batch.append(Admission(req, new, context, None))
-        self._reserve(new, 0 if truncated else self._max_new(req))
-        self.new_chunked = req if truncated else None
+        self.current_offset += new + 1
+        self.rem_input -= new
+        self.rem_chunk -= new
 
     def add_one(self, req: SimRequest) -> AddResult:
         """Try to admit a waiting request (`add_one_req`); on success its prefix is locked."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -78,6 +79,7 @@ class Simulator:
         self._enqueues = itertools.count()
         self._busy = False
         self._deficit: float | None = None
+        self._pins_off = False  # set while the idle-server liveness retry runs
         self._on_task_done = on_task_done
         self._done_tasks = 0
 
@@ -198,13 +200,22 @@ class Simulator:
         if self.waiting:
             if self.cache.kept:  # liveness: pinned prefixes may not starve an idle server
                 self.cache.set_kept(frozenset())
-                self._start_iteration()
+                # Retry without pins: re-applying the decision's pins would refuse the same
+                # admits again and recurse forever.
+                self._pins_off = True
+                try:
+                    self._start_iteration()
+                finally:
+                    self._pins_off = False
                 return
             if not self._heap:
                 raise SimulationError(
                     f"scheduler {self.policy.name!r} admitted nothing while the server was idle "
                     f"and {len(self.waiting)} requests waited"
                 )
+        elif self.chunked is None:
+            # Idle: SGLang resets `new_token_ratio` (`NewTokenRatioTracker.reset`).
+            self.ratio = self.cfg.init_new_token_ratio
 
     def _begin(self, dur: float, payload: tuple[Any, ...]) -> None:
         self._busy = True
@@ -224,8 +235,8 @@ class Simulator:
         decision = self._decide() if self.waiting else Decision()
         for req in decision.preempt:
             self._preempt(self._own(req))
-        if decision.keep_prefixes is not None:
-            self.cache.set_kept(frozenset(agent_key(a) for a in decision.keep_prefixes))
+        if decision.keep_prefixes is not None and not self._pins_off:
+            self._keep(decision.keep_prefixes)
         adder = self._adder()
         if self.chunked is not None:
             adder.add_chunked(self.chunked)
@@ -255,9 +266,31 @@ class Simulator:
             self.cache.touch(adm.req.lock_node or self.cache.root, self.now)
         return adder
 
+    def _keep(self, agents: frozenset[str]) -> None:
+        """Pin the prefixes a policy keeps, as far as the admission budget allows: a pin may
+        not take memory that running requests have reserved (pins are applied in name order,
+        after releasing the ones no longer kept)."""
+        keys = frozenset(agent_key(a) for a in agents)
+        self.cache.set_kept(frozenset(k for k in self.cache.kept if k in keys))
+        room = self._adder().remaining_total
+        for key in sorted(keys - self.cache.kept.keys()):
+            node = self.cache.child(key)
+            if node is None or not node.on_gpu:
+                continue
+            cost = node.tokens if node.lock == 0 else 0
+            if cost <= room:
+                self.cache.set_kept(frozenset(self.cache.kept) | {key})
+                room -= cost
+
     def _adder(self) -> PrefillAdder:
         return PrefillAdder(
-            self.cache, lambda: self.free_tokens, self.running, self.ratio, self.cfg, self.match_of
+            self.cache,
+            lambda: self.free_tokens,
+            self.running,
+            self.ratio,
+            self.cfg,
+            self.match_of,
+            self.chunked,
         )
 
     def _own(self, req: Any) -> SimRequest:
@@ -312,6 +345,10 @@ class Simulator:
         """`update_running_batch`: retract until the next decode step fits."""
         if self.free_tokens + self.cache.evictable_tokens >= len(self.running):
             return
+        if self.cache.kept:  # prefixes a policy keeps yield to running requests first
+            self.cache.set_kept(frozenset())
+            if self.free_tokens + self.cache.evictable_tokens >= len(self.running):
+                return
         order = self.policy.retraction_order(SimView(self))
         for victim in order:
             if len(self.running) == 1:
@@ -323,6 +360,9 @@ class Simulator:
         max_new = sum(r.max_new_tokens for r in self.running)
         n = len(self.running)
         self.ratio = min(1.0, (decoded + self.cfg.retract_decode_steps * n) / (max_new + 1))
+        # This iteration's admission pass ran before the retraction freed memory and moved the
+        # ratio, so its deficit is stale: decode one step, then admission runs again.
+        self._deficit = -math.inf
 
     def _preempt(self, req: SimRequest) -> None:
         """Free a running request's private KV and requeue it (`release_req` + requeue)."""
@@ -394,7 +434,7 @@ class Simulator:
         for r in self.waiting:
             m = self.match_of(r)
             deficit = adder.need(r, m) - (base - self.cache.unlocked_path_tokens(m.node)) + 1
-            if deficit <= 0:
+            if deficit < 1:  # need < remaining_total: it fits now
                 return None
             floor = min(floor, deficit)
         return floor
@@ -410,7 +450,9 @@ class Simulator:
             left = np.clip(r.max_new_tokens - r.generated - j, 0, cfg.clip_max_new_tokens)
             offset += left * (1.0 if r.ignore_eos else ratio)
         gain = -len(self.running) * j - (offset - base)
-        hit = np.nonzero(gain >= deficit)[0]
+        # Admission needs `need < remaining_total`: growth > deficit - 1 (the deficit carries
+        # the +1 of the integer form, but ratio-scaled reservations are fractional).
+        hit = np.nonzero(gain > deficit - 1)[0]
         return int(hit[0]) + 1 if hit.size else k_max
 
     def _iteration_done(self, kind: str, what: Any, dur: float) -> None:

@@ -273,15 +273,21 @@ class RadixCache:
         need = self.host_tokens + tokens - self.host_capacity_tokens
         if need <= 0:
             return True
-        victims = sorted(
-            (n for n in self.nodes() if n.on_host and not n.on_gpu and not n.children),
-            key=lambda n: (n.last_access_s, n.seq),
-        )
-        for v in victims:
-            if need <= 0:
-                break
+        # SGLang `HiRadixCache.evict_host`: a heap of host-only leaves; a parent whose last
+        # child went becomes a leaf and joins it (else a host chain could never be freed).
+        victims = [
+            (n.last_access_s, n.seq, n)
+            for n in self.nodes()
+            if n.on_host and not n.on_gpu and not n.children
+        ]
+        heapq.heapify(victims)
+        while need > 0 and victims:
+            _, _, v = heapq.heappop(victims)
             need -= v.tokens
+            parent = v.parent
             self._delete_subtree(v)
+            if parent is not None and parent.on_host and not parent.on_gpu and not parent.children:
+                heapq.heappush(victims, (parent.last_access_s, parent.seq, parent))
         return need <= 0
 
     def _delete_subtree(self, n: Node) -> None:

@@ -82,6 +82,20 @@ class SimView:
         r = self._req(req)
         return adder.need(r, sim.match_of(r))
 
+    def lock_cost(self, req: RequestView) -> int:
+        sim = self._sim
+        return sim.cache.unlocked_path_tokens(sim.match_of(self._req(req)).node)
+
+    def reload_s(self, agent: str) -> float:
+        sim = self._sim
+        node = sim.cache.child(agent_key(agent))
+        if node is not None and node.on_gpu:
+            return 0.0
+        if node is not None and node.on_host:
+            return sim.cost.host_load_s(node.tokens)
+        tokens = sim.workload.agent_map[agent].prefix_tokens
+        return sim.estimator.prefill_s(tokens)
+
     def prefixes(self) -> Sequence[PrefixView]:
         cache = self._sim.cache
         out = []

@@ -1,0 +1,228 @@
+"""TOPAS: a task-oriented, prefix-aware scheduler that decides resident prefixes, admissions and
+preemptions jointly under one KV budget (arXiv 2608.25523, as summarised in DESIGN section 5).
+
+At each scheduling point, for the state it would move to (resident prefix set R', running set
+Q'), TOPAS scores, in seconds:
+
+    sum over admitted r of g_i * delta(r)  -  J_move  -  J_redo  -  J_revoke  +  V_reuse
+
+- delta(r): how much admitting r now shortens its task's expected remaining critical path
+  (`paths.py`), scaled by (mean remaining path / the task's remaining path) ** srpt_exponent;
+- g_i = 1 + rho * log(1 + age_i / h_age_s): aging, on admission gains only;
+- J_move: time to bring an absent prefix onto the GPU (host load, or recompute), charged to the
+  task whose admitted request brings it;
+- J_redo: per-token decode time x tokens generated, for each preempted request;
+- J_revoke: the admission credit recorded when a preempted request was admitted;
+- V_reuse = beta * sum over kept prefixes a of n_a * reload_time(a), where n_a counts stages of
+  agent a that become ready once the running stages finish (one hop), plus stages already in
+  their client-side delay.
+
+The prefix set is searched jointly with GREEDY-PACK (`pack.py`); at most K admissions +
+preemptions per decision. Parameters and the reasons for their defaults: `params.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, ClassVar
+
+from topas_bench.schedulers.base import (
+    Decision,
+    EngineView,
+    InvalidParameter,
+    Policy,
+    PrefixLocation,
+    RequestView,
+    StageState,
+)
+from topas_bench.schedulers.topas.pack import (
+    Candidate,
+    PackInputs,
+    Victim,
+    greedy_pack,
+    search_keep_set,
+)
+from topas_bench.schedulers.topas.params import TopasParams
+from topas_bench.schedulers.topas.paths import admission_deltas, stage_weights
+
+
+class Topas(Policy):
+    """TOPAS: joint prefix residency, admission and preemption (the paper's scheduler)."""
+
+    name = "topas"
+    reorders_during_decode = True
+    acts_while_blocked = True
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        merged = {**self.defaults, **params}
+        try:
+            self.p = TopasParams(**merged)
+        except TypeError as e:
+            raise InvalidParameter(f"{self.name}: {e}") from None
+        self._credit: dict[int, float] = {}
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.p.as_dict().items() if k not in self.defaults}
+
+    # -- the decision ----------------------------------------------------------------------
+    def decide(self, view: EngineView) -> Decision:
+        if not view.waiting:
+            return Decision()
+        horizon = self._horizon(view)
+        ranked = self._candidates(view, horizon)
+        prefixes = {p.agent: p for p in view.prefixes()}
+        locked = frozenset(
+            a for a, p in prefixes.items() if p.where == PrefixLocation.GPU and p.locks > 0
+        )
+        inputs = PackInputs(
+            ranked=ranked,
+            victims=self._victims(view, prefixes),
+            budget=view.free_tokens + view.evictable_tokens - view.reserved_tokens,
+            prefix_tokens={
+                a: p.tokens
+                for a, p in prefixes.items()
+                if p.where == PrefixLocation.GPU and p.locks == 0 and not p.kept
+            },
+            kept_unlocked={a: p.tokens for a, p in prefixes.items() if p.kept and p.locks == 0},
+            locked_agents=locked,
+            max_actions=self.p.max_actions,
+            scan=max(self.p.scan_limit, 4 * self.p.max_actions),
+            preempt_margin_s=self.p.preempt_margin_s,
+        )
+        if self.p.use_reuse:
+            reuse = self._reuse_values(view, prefixes)
+            keep, pack = search_keep_set(inputs, reuse, self.p.max_agents_exact)
+        else:
+            keep, pack = frozenset(), greedy_pack(inputs, frozenset())
+        admits = [c.req for c in pack.admits]
+        if not admits and not view.running and ranked:
+            admits = [ranked[0].req]  # an idle server always gets the best candidate
+        for c in pack.admits:
+            self._credit[c.req.rid] = c.gain
+        preempts = [v.req for v in pack.preempts]
+        for v in pack.preempts:
+            self._credit.pop(v.req.rid, None)
+        self._forget(view)
+        return Decision(admit=admits, preempt=preempts, keep_prefixes=keep)
+
+    # -- pieces ----------------------------------------------------------------------------
+    def _horizon(self, view: EngineView) -> float:
+        if self.p.horizon_s is not None:
+            return self.p.horizon_s
+        est = view.estimator
+        if not view.running:
+            return est.tpot_s
+        mean = sum(est.residual_service_s(r) for r in view.running) / len(view.running)
+        return max(mean, est.tpot_s)
+
+    def _aging(self, age_s: float) -> float:
+        if not self.p.use_aging:
+            return 1.0
+        return 1.0 + self.p.rho * math.log1p(max(age_s, 0.0) / self.p.h_age_s)
+
+    def _candidates(self, view: EngineView, horizon: float) -> list[Candidate]:
+        by_task: dict[str, list[RequestView]] = {}
+        for r in view.waiting:
+            by_task.setdefault(r.task_id, []).append(r)
+        est = view.estimator
+        paths: dict[str, tuple[float, dict[str, float]]] = {}
+        for tid, reqs in by_task.items():
+            task = view.tasks[tid]
+            weights = stage_weights(task, est, horizon)
+            order = [r.stage_id for r in sorted(reqs, key=lambda r: (r.queued_s, r.rid))]
+            paths[tid] = admission_deltas(task, weights, horizon, order)
+        mean_path = sum(base for base, _ in paths.values()) / len(paths)
+        prefixes = {p.agent: p for p in view.prefixes()}
+        out = []
+        for tid, reqs in by_task.items():
+            base, deltas = paths[tid]
+            task = view.tasks[tid]
+            scale = (mean_path / base) ** self.p.srpt_exponent if base > 0 else 1.0
+            g = self._aging(view.now_s - task.arrival_s)
+            for r in reqs:
+                p = prefixes.get(r.agent)
+                resident = p is not None and p.where == PrefixLocation.GPU
+                unlocked = (
+                    p.tokens if resident and p is not None and p.locks == 0 and not p.kept else 0
+                )
+                out.append(
+                    Candidate(
+                        req=r,
+                        agent=r.agent,
+                        gain=g * deltas[r.stage_id] * scale,
+                        move_s=0.0 if resident else view.reload_s(r.agent),
+                        need=view.admission_need(r) + view.lock_cost(r),
+                        prefix_unlocked=unlocked,
+                        resident=resident,
+                    )
+                )
+        if self.p.density:
+            out.sort(key=lambda c: (-c.net / max(c.need, 1), c.req.queued_s, c.req.rid))
+        else:
+            out.sort(key=lambda c: (-c.net, c.req.queued_s, c.req.rid))
+        return out
+
+    def _victims(self, view: EngineView, prefixes: dict[str, Any]) -> list[Victim]:
+        est = view.estimator
+        agents = Counter(r.agent for r in view.running)
+        victims = []
+        for r in view.running:
+            shared = prefixes[r.agent].tokens if r.agent in prefixes and agents[r.agent] > 1 else 0
+            frees = r.prompt_tokens + r.generated - shared
+            frees += int(est.residual_tokens(r.agent, r.kind, r.generated))
+            redo = est.tpot_s * r.generated
+            victims.append(Victim(r, redo + self._credit.get(r.rid, 0.0), frees))
+        victims.sort(key=lambda v: (v.keep_value_s, v.req.rid))
+        return victims
+
+    def _reuse_values(self, view: EngineView, prefixes: dict[str, Any]) -> dict[str, float]:
+        """V_reuse per resident agent: beta * n_a * the time to reload it if evicted."""
+        counts: Counter[str] = Counter()
+        for r in view.running:
+            task = view.tasks[r.task_id]
+            for child_id in task.stages[r.stage_id].children:
+                child = task.stages[child_id]
+                others_done = all(
+                    task.stages[d].state == StageState.DONE or d == r.stage_id for d in child.deps
+                )
+                if others_done:
+                    counts[child.agent] += 1
+        for task in view.tasks.values():
+            for st in task.stages.values():
+                if st.state == StageState.DELAYED:
+                    counts[st.agent] += 1
+        est = view.estimator
+        return {
+            a: self.p.beta * n * est.prefill_s(prefixes[a].tokens)
+            for a, n in counts.items()
+            if a in prefixes and prefixes[a].where == PrefixLocation.GPU
+        }
+
+    def _forget(self, view: EngineView) -> None:
+        if len(self._credit) > 2 * (len(view.running) + len(view.waiting)) + 64:
+            live = {r.rid for r in view.running} | {r.rid for r in view.waiting}
+            self._credit = {k: v for k, v in self._credit.items() if k in live}
+
+
+class TopasBase(Topas):
+    """TOPAS without reuse value or aging (ablation)."""
+
+    name = "topas-base"
+    defaults: ClassVar[dict[str, Any]] = {"use_reuse": False, "use_aging": False}
+
+
+class TopasNoReuse(Topas):
+    """TOPAS without the one-hop reuse value (ablation)."""
+
+    name = "topas-no-reuse"
+    defaults: ClassVar[dict[str, Any]] = {"use_reuse": False}
+
+
+class TopasNoAging(Topas):
+    """TOPAS without task aging (ablation)."""
+
+    name = "topas-no-aging"
+    defaults: ClassVar[dict[str, Any]] = {"use_aging": False}
