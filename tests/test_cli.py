@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from topas_bench.cli import app
-from topas_bench.experiment import measure_capacity
+from topas_bench.experiment import GROUPS, measure_capacity
 from topas_bench.results import TABLES, RunIdentity
 from topas_bench.runners.sim.cost import load_preset, preset_names
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
@@ -94,15 +94,15 @@ def test_run_prints_the_plan(default_run: tuple[Result, Path]) -> None:
         "KV budget 18,692 tokens (derived: 80 GB x 0.88 - 65.5 GB weights, 256 KiB/token; "
         "override with --kv-budget)"
     ) in out
-    assert f"schedulers: {', '.join(SCHEDULERS.names())}" in out
+    assert f"schedulers: {', '.join(GROUPS['all'])}" in out
     assert "length hint" not in out and "host tier" not in out
 
 
 def test_run_prints_one_numeric_row_per_scheduler(default_run: tuple[Result, Path]) -> None:
     result, out = default_run
     table = rows(result)
-    assert list(table) == SCHEDULERS.names()
-    for name in SCHEDULERS.names():
+    assert list(table) == list(GROUPS["all"])
+    for name in GROUPS["all"]:
         row = table[name]
         assert row["tasks"] == "6"
         jct = [float(row[k]) for k in ("mean", "p50", "p90", "p99")]
@@ -121,9 +121,9 @@ def test_run_writes_tables_and_run_json_matching_the_output(
 ) -> None:
     result, out = default_run
     table = rows(result)
-    assert sorted(p.name for p in (out / "metagpt-tl").iterdir()) == sorted(SCHEDULERS.names())
+    assert sorted(p.name for p in (out / "metagpt-tl").iterdir()) == sorted(GROUPS["all"])
     workload = generate("metagpt-tl", num_tasks=6, seed=0)
-    for name in SCHEDULERS.names():
+    for name in GROUPS["all"]:
         run_dir = cell_dir(out, "metagpt-tl", name)
         files = sorted(p.name for p in run_dir.iterdir())
         assert files == sorted([*(f"{t}.parquet" for t in TABLES), "run.json"])
@@ -463,3 +463,19 @@ def test_every_command_has_help_with_an_example(command: tuple[str, ...]) -> Non
     out = text(ok(*command, "--help"))
     assert "Usage:" in out
     assert f"topas-bench {' '.join(command)}" in out
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("all", (*BASELINES, "topas")),
+        ("baselines", BASELINES),
+        ("ablations", ("topas", "topas-base", "topas-no-reuse", "topas-no-aging")),
+        ("everything", tuple(SCHEDULERS.names())),
+        ("lpm, fcfs", ("lpm", "fcfs")),
+    ],
+)
+def test_scheduler_groups(spec: str, expected: tuple[str, ...]) -> None:
+    from topas_bench.experiment import parse_schedulers
+
+    assert parse_schedulers(spec) == expected

@@ -21,7 +21,7 @@ from topas_bench.results import RunIdentity, is_finished, read_meta, write_run
 from topas_bench.runners.sim.config import LengthHint, SimConfig
 from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy
+from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS, make_policy
 from topas_bench.workloads.model import Stage, Workload
 from topas_bench.workloads.registry import WORKLOADS, generate
 from topas_bench.workloads.trace import validate
@@ -83,10 +83,22 @@ class CellResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+#: Named groups accepted by `--scheduler`.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "all": (*BASELINES, "topas"),
+    "baselines": BASELINES,
+    "ablations": ("topas", *ABLATIONS),
+}
+
+
 def parse_schedulers(spec: str) -> tuple[str, ...]:
-    """`all` (the paper's baselines plus every other registered policy), or `a,b,c`."""
-    if spec.strip() == "all":
+    """A group (`all` = the paper's baselines + topas, `baselines`, `ablations`, `everything` =
+    every registered policy) or a comma-separated list of names."""
+    key = spec.strip()
+    if key == "everything":
         return tuple(SCHEDULERS.names())
+    if key in GROUPS:
+        return GROUPS[key]
     names = tuple(n.strip() for n in spec.split(",") if n.strip())
     if not names:
         raise TopasError("--scheduler is empty; give `all` or a comma-separated list")
