@@ -106,7 +106,12 @@ def run(
         str, typer.Option("--workload", "-w", help="Workload name (see `workloads list`).")
     ] = "metagpt-tl",
     scheduler: Annotated[
-        str, typer.Option("--scheduler", "-s", help="`all` (baselines + topas), `baselines`, `ablations`, `everything`, or a comma-separated list.")
+        str,
+        typer.Option(
+            "--scheduler",
+            "-s",
+            help="`all` (baselines + topas), `baselines`, `ablations`, `everything`, or a,b,c.",
+        ),
     ] = "all",
     rate: Annotated[
         float | None, typer.Option(help="Poisson arrival rate, tasks/s (default: the workload's).")
