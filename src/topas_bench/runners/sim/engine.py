@@ -67,6 +67,7 @@ class Simulator:
         self.ratio = config.init_new_token_ratio
         self.now = 0.0
         self.tasks: dict[str, TaskRun] = {}
+        self.prefix_tokens = {a.name: a.prefix_tokens for a in workload.agents}
         truths = {(t.id, s.id): s.output_tokens for t, s in workload.stages()}
         self.estimator = ServiceEstimator(
             cost,
@@ -175,7 +176,7 @@ class Simulator:
     def _enqueue(self, req: SimRequest) -> None:
         req.queued_s = self.now
         req.enqueue_seq = next(self._enqueues)
-        req.task.stages[req.stage_id].state = StageState.WAITING
+        req.task.set_state(req.stage_id, StageState.WAITING)
         self.waiting.append(req)
 
     # -- iterations -------------------------------------------------------------------------
@@ -309,7 +310,7 @@ class Simulator:
         req.admitted_s = self.now
         if req.first_admitted_s is None:
             req.first_admitted_s = self.now
-        req.task.stages[req.stage_id].state = StageState.RUNNING
+        req.task.set_state(req.stage_id, StageState.RUNNING)
         if adm.match.host_nodes:
             self._load_back(req, adm.match)
         self.rec.admission(req.prompt_tokens, min(req.cached_tokens, req.prompt_tokens))
@@ -538,13 +539,13 @@ class Simulator:
         self.rec.request(req)
         run = req.task
         st = run.stages[req.stage_id]
-        st.state = StageState.DONE
+        run.set_state(st.id, StageState.DONE)
         run.pending -= 1
         for child_id in st.children:
             child = run.stages[child_id]
             child.remaining_deps -= 1
             if child.remaining_deps == 0:
-                child.state = StageState.DELAYED
+                run.set_state(child_id, StageState.DELAYED)
                 self._push(self.now + child.delay_s, READY, (run, child_id))
         if run.pending == 0:
             run.finish_s = self.now

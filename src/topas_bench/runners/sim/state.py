@@ -45,11 +45,13 @@ class SimRequest:
         "service_s",
         "stage_id",
         "task",
+        "task_id",
     )
 
     def __init__(self, rid: int, task: TaskRun, stage: Stage, now_s: float) -> None:
         self.rid = rid
         self.task = task
+        self.task_id = task.id
         self.stage_id = stage.id
         self.agent = stage.agent
         self.kind = stage.kind
@@ -77,10 +79,6 @@ class SimRequest:
         self.redo_tokens = 0  # output tokens recomputed after a preemption
         self.private_tokens = 0  # KV held outside the shared cache
         self.match_memo: tuple[int, Match] | None = None  # (cache version, match)
-
-    @property
-    def task_id(self) -> str:
-        return self.task.id
 
     @property
     def output_target(self) -> int:
@@ -144,7 +142,7 @@ class StageRun:
 class TaskRun:
     """A live task (satisfies `TaskView`)."""
 
-    __slots__ = ("_stages", "arrival_s", "attained_s", "finish_s", "pending", "task")
+    __slots__ = ("_stages", "arrival_s", "attained_s", "finish_s", "pending", "task", "version")
 
     def __init__(self, task: Task) -> None:
         self.task = task
@@ -157,6 +155,11 @@ class TaskRun:
                 children[d].append(s.id)
         self._stages = {s.id: StageRun(s, tuple(children[s.id])) for s in task.topo_order()}
         self.pending = len(self._stages)
+        self.version = 0  # bumped on every stage state change
+
+    def set_state(self, stage_id: str, state: StageState) -> None:
+        self._stages[stage_id].state = state
+        self.version += 1
 
     @property
     def id(self) -> str:

@@ -18,10 +18,11 @@ if TYPE_CHECKING:
 class SimView:
     """A view of a `Simulator` at one scheduling point (prefix matches are memoised by it)."""
 
-    __slots__ = ("_sim",)
+    __slots__ = ("_adder", "_sim")
 
     def __init__(self, sim: Simulator) -> None:
         self._sim = sim
+        self._adder: PrefillAdder | None = None
 
     @property
     def now_s(self) -> float:
@@ -78,9 +79,10 @@ class SimView:
 
     def admission_need(self, req: RequestView) -> int:
         sim = self._sim
-        adder = PrefillAdder(sim.cache, lambda: sim.free_tokens, (), sim.ratio, sim.cfg)
+        if self._adder is None:
+            self._adder = PrefillAdder(sim.cache, lambda: sim.free_tokens, (), sim.ratio, sim.cfg)
         r = self._req(req)
-        return adder.need(r, sim.match_of(r))
+        return self._adder.need(r, sim.match_of(r))
 
     def lock_cost(self, req: RequestView) -> int:
         sim = self._sim
@@ -93,8 +95,7 @@ class SimView:
             return 0.0
         if node is not None and node.on_host:
             return sim.cost.host_load_s(node.tokens)
-        tokens = sim.workload.agent_map[agent].prefix_tokens
-        return sim.estimator.prefill_s(tokens)
+        return sim.estimator.prefill_s(sim.prefix_tokens[agent])
 
     def prefixes(self) -> Sequence[PrefixView]:
         cache = self._sim.cache

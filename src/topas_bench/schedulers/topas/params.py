@@ -24,6 +24,9 @@ preempt_margin_s (5.0): a preemption must gain this much more than its redo + re
     so near-ties never preempt (preemptions cost real recompute).
 scan_limit (64): GREEDY-PACK skips requests that do not fit and continues down the ranked
     list for at most max(scan_limit, 4 K) candidates (the list itself spans the whole queue).
+refresh_limit (128): per decision, at most this many waiting tasks whose paths are stale only
+    because the estimator learned since get recomputed (stalest first); a task whose own state
+    changed is always recomputed. Bounds decision time for queues of thousands.
 use_reuse / use_aging: the ablation switches.
 """
 
@@ -50,6 +53,7 @@ class TopasParams:
     use_reuse: bool = True
     use_aging: bool = True
     density: bool = False
+    refresh_limit: int = 128
 
     def __post_init__(self) -> None:
         _at_least("beta", self.beta, 0.0)
@@ -62,6 +66,7 @@ class TopasParams:
         _at_least("srpt_exponent", self.srpt_exponent, 0.0)
         _at_least("preempt_margin_s", self.preempt_margin_s, 0.0)
         _int_at_least("scan_limit", self.scan_limit, 1)
+        _int_at_least("refresh_limit", self.refresh_limit, 1)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -8,70 +8,90 @@ waiting stage that is not admitted now, and every future stage, also carries `ho
 expected queueing, so admitting a request removes its stage's horizon, and
 `delta(r) = L_i(H) - L_i(H + r)` is the critical-path time that admitting r now saves
 (`horizon_s` for a request on the critical path, less for one with slack in a DAG).
+
+`TaskPath` keeps the result in a form that stays valid as the horizon moves: the critical
+path's service part and its number of horizon-carrying stages, and each waiting stage's delta
+as a fraction of the horizon.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from topas_bench.schedulers.base import StageState, TaskView
 from topas_bench.schedulers.estimator import ServiceEstimator
 
 
-def stage_weights(task: TaskView, est: ServiceEstimator, horizon_s: float) -> dict[str, float]:
-    """Expected seconds each unfinished stage still adds to its path, none of them admitted."""
-    w: dict[str, float] = {}
+@dataclass(frozen=True, slots=True)
+class TaskPath:
+    service_s: float  # expected service along the critical path (no queueing)
+    hops: int  # stages on it that carry a horizon of expected queueing
+    delta_share: dict[str, float]  # waiting stage -> delta / horizon
+
+    def length(self, horizon_s: float) -> float:
+        """L_i at horizon `horizon_s`."""
+        return self.service_s + self.hops * horizon_s
+
+
+def stage_weights(task: TaskView, est: ServiceEstimator) -> dict[str, tuple[float, int]]:
+    """(expected service seconds, carries a horizon) of each unfinished stage."""
+    w: dict[str, tuple[float, int]] = {}
     for sid, st in task.stages.items():
         state = st.state
         if state == StageState.DONE:
             continue
         req = st.request
         if state == StageState.RUNNING and req is not None:
-            w[sid] = est.residual_service_s(req)
+            w[sid] = (est.residual_service_s(req), 0)
         elif state == StageState.WAITING and req is not None:
-            w[sid] = est.residual_service_s(req) + horizon_s
+            w[sid] = (est.residual_service_s(req), 1)
         else:  # blocked or delayed: not sent yet
-            w[sid] = est.stage_service_s(task.id, st) + st.delay_s + horizon_s
+            w[sid] = (est.stage_service_s(task.id, st) + st.delay_s, 1)
     return w
 
 
-def longest_path(task: TaskView, weights: dict[str, float]) -> float:
-    """Longest weighted path through the unfinished stages (reverse topological pass)."""
-    down: dict[str, float] = {}
-    best = 0.0
+def longest_path(
+    task: TaskView, weights: dict[str, tuple[float, int]], horizon_s: float
+) -> tuple[float, float, int]:
+    """(length, service part, horizon hops) of the longest path through unfinished stages."""
+    down: dict[str, tuple[float, float, int]] = {}
+    best = (0.0, 0.0, 0)
     for sid in reversed(list(task.stages)):
         ws = weights.get(sid)
         if ws is None:
             continue
-        tail = max((down[c] for c in task.stages[sid].children if c in down), default=0.0)
-        down[sid] = ws + tail
-        best = max(best, down[sid])
+        svc, hop = ws
+        tail = max(
+            (down[c] for c in task.stages[sid].children if c in down),
+            default=(0.0, 0.0, 0),
+        )
+        here = (svc + hop * horizon_s + tail[0], svc + tail[1], hop + tail[2])
+        down[sid] = here
+        best = max(best, here)
     return best
 
 
-def admission_deltas(
-    task: TaskView,
-    weights: dict[str, float],
-    horizon_s: float,
-    order: Collection[str],
-) -> tuple[float, dict[str, float]]:
-    """L_i(H) with nothing admitted, and delta of each waiting stage in `order`, admitted one
-    after another (sequential updates: the second sees the first as admitted)."""
-    w = dict(weights)
-    base = longest_path(task, w)
-    current = base
-    deltas: dict[str, float] = {}
-    if len(order) == 1 and _is_chain(task):
+def task_path(
+    task: TaskView, est: ServiceEstimator, horizon_s: float, waiting: Sequence[str]
+) -> TaskPath:
+    """L_i and the delta of each waiting stage in `waiting`, admitted one after another
+    (sequential updates: the second sees the first as admitted)."""
+    w = stage_weights(task, est)
+    length, service, hops = longest_path(task, w, horizon_s)
+    shares: dict[str, float] = {}
+    if len(waiting) == 1 and _is_chain(task):
         # A chain: the only waiting stage is the frontier, always on the critical path.
-        (sid,) = order
-        deltas[sid] = min(horizon_s, base)
-        return base, deltas
-    for sid in order:
-        w[sid] -= horizon_s
-        nxt = longest_path(task, w)
-        deltas[sid] = current - nxt
-        current = nxt
-    return base, deltas
+        shares[waiting[0]] = 1.0 if hops else 0.0
+    else:
+        current = length
+        for sid in waiting:
+            svc, _ = w[sid]
+            w[sid] = (svc, 0)
+            nxt = longest_path(task, w, horizon_s)[0]
+            shares[sid] = (current - nxt) / horizon_s if horizon_s > 0 else 0.0
+            current = nxt
+    return TaskPath(service, hops, shares)
 
 
 def _is_chain(task: TaskView) -> bool:

@@ -14,8 +14,7 @@ Q'), TOPAS scores, in seconds:
 - J_redo: per-token decode time x tokens generated, for each preempted request;
 - J_revoke: the admission credit recorded when a preempted request was admitted;
 - V_reuse = beta * sum over kept prefixes a of n_a * reload_time(a), where n_a counts stages of
-  agent a that become ready once the running stages finish (one hop), plus stages already in
-  their client-side delay.
+  agent a that become ready once the running stages finish (one hop).
 
 The prefix set is searched jointly with GREEDY-PACK (`pack.py`); at most K admissions +
 preemptions per decision. Parameters and the reasons for their defaults: `params.py`.
@@ -23,6 +22,7 @@ preemptions per decision. Parameters and the reasons for their defaults: `params
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from typing import Any, ClassVar
@@ -44,7 +44,7 @@ from topas_bench.schedulers.topas.pack import (
     search_keep_set,
 )
 from topas_bench.schedulers.topas.params import TopasParams
-from topas_bench.schedulers.topas.paths import admission_deltas, stage_weights
+from topas_bench.schedulers.topas.paths import TaskPath, task_path
 
 
 class Topas(Policy):
@@ -62,6 +62,7 @@ class Topas(Policy):
         except TypeError as e:
             raise InvalidParameter(f"{self.name}: {e}") from None
         self._credit: dict[int, float] = {}
+        self._path_memo: dict[str, tuple[int, int, TaskPath]] = {}
 
     @property
     def params(self) -> dict[str, Any]:
@@ -118,52 +119,105 @@ class Topas(Policy):
         mean = sum(est.residual_service_s(r) for r in view.running) / len(view.running)
         return max(mean, est.tpot_s)
 
-    def _aging(self, age_s: float) -> float:
-        if not self.p.use_aging:
-            return 1.0
-        return 1.0 + self.p.rho * math.log1p(max(age_s, 0.0) / self.p.h_age_s)
-
     def _candidates(self, view: EngineView, horizon: float) -> list[Candidate]:
-        by_task: dict[str, list[RequestView]] = {}
-        for r in view.waiting:
-            by_task.setdefault(r.task_id, []).append(r)
-        est = view.estimator
-        paths: dict[str, tuple[float, dict[str, float]]] = {}
-        for tid, reqs in by_task.items():
-            task = view.tasks[tid]
-            weights = stage_weights(task, est, horizon)
-            order = [r.stage_id for r in sorted(reqs, key=lambda r: (r.queued_s, r.rid))]
-            paths[tid] = admission_deltas(task, weights, horizon, order)
-        mean_path = sum(base for base, _ in paths.values()) / len(paths)
+        """The waiting requests worth packing, best net gain first.
+
+        Gains are computed for every waiting request (one pass, keeping the best `scan` in a
+        bounded heap); only those get their admission cost computed.
+        """
+        waiting = view.waiting
+        paths = self._paths(view, horizon)
+        lengths = {tid: p.length(horizon) for tid, p in paths.items()}
+        mean_path = sum(lengths.values()) / len(lengths)
+        alpha, rho, h_age = self.p.srpt_exponent, self.p.rho, self.p.h_age_s
+        aging = self.p.use_aging
+        now = view.now_s
+        tasks = view.tasks
+        weight: dict[str, float] = {}  # per task: g_i * srpt scale * horizon
+        for tid, length in lengths.items():
+            g = (
+                1.0 + rho * math.log1p(max(now - tasks[tid].arrival_s, 0.0) / h_age)
+                if aging
+                else 1.0
+            )
+            scale = (mean_path / length) ** alpha if length > 0 and alpha else 1.0
+            weight[tid] = g * scale * horizon
+        move: dict[str, float] = {}
+        scan = max(self.p.scan_limit, 4 * self.p.max_actions)
+        heap: list[tuple[float, float, int, float, float, RequestView]] = []
+        for r in waiting:
+            m = move.get(r.agent)
+            if m is None:
+                m = move[r.agent] = view.reload_s(r.agent)
+            tid = r.task_id
+            gain = weight[tid] * paths[tid].delta_share[r.stage_id]
+            # max-heap on the sort key (net desc, queued asc, rid asc) via negation
+            item = (gain - m, -r.queued_s, -r.rid, gain, m, r)
+            if len(heap) < scan:
+                heapq.heappush(heap, item)
+            elif item[:3] > heap[0][:3]:
+                heapq.heapreplace(heap, item)
+        heap.sort(reverse=True)
         prefixes = {p.agent: p for p in view.prefixes()}
         out = []
-        for tid, reqs in by_task.items():
-            base, deltas = paths[tid]
-            task = view.tasks[tid]
-            scale = (mean_path / base) ** self.p.srpt_exponent if base > 0 else 1.0
-            g = self._aging(view.now_s - task.arrival_s)
-            for r in reqs:
-                p = prefixes.get(r.agent)
-                resident = p is not None and p.where == PrefixLocation.GPU
-                unlocked = (
-                    p.tokens if resident and p is not None and p.locks == 0 and not p.kept else 0
+        for _, _, _, gain, m, r in heap:
+            p = prefixes.get(r.agent)
+            resident = p is not None and p.where == PrefixLocation.GPU
+            unlocked = p.tokens if p is not None and resident and p.locks == 0 and not p.kept else 0
+            out.append(
+                Candidate(
+                    req=r,
+                    agent=r.agent,
+                    gain=gain,
+                    move_s=m,
+                    need=view.admission_need(r) + view.lock_cost(r),
+                    prefix_unlocked=unlocked,
+                    resident=resident,
                 )
-                out.append(
-                    Candidate(
-                        req=r,
-                        agent=r.agent,
-                        gain=g * deltas[r.stage_id] * scale,
-                        move_s=0.0 if resident else view.reload_s(r.agent),
-                        need=view.admission_need(r) + view.lock_cost(r),
-                        prefix_unlocked=unlocked,
-                        resident=resident,
-                    )
-                )
-        if self.p.density:
-            out.sort(key=lambda c: (-c.net / max(c.need, 1), c.req.queued_s, c.req.rid))
-        else:
-            out.sort(key=lambda c: (-c.net, c.req.queued_s, c.req.rid))
+            )
         return out
+
+    def _paths(self, view: EngineView, horizon: float) -> dict[str, TaskPath]:
+        """Each waiting task's `TaskPath`, memoised per task.
+
+        A task whose state changed is always recomputed. One whose only change is that the
+        estimator learned since is refreshed lazily: at most `refresh_limit` of those per
+        decision, stalest first, so decision time stays bounded for long queues (with fewer
+        waiting tasks than that, every path is fresh).
+        """
+        est_version = view.estimator.version
+        tasks = view.tasks
+        memo = self._path_memo
+        out: dict[str, TaskPath] = {}
+        stale: list[tuple[int, str]] = []
+        for r in view.waiting:
+            tid = r.task_id
+            if tid in out:
+                continue
+            task = tasks[tid]
+            hit = memo.get(tid)
+            if hit is not None and hit[0] == task.version:
+                out[tid] = hit[2]
+                if hit[1] != est_version:
+                    stale.append((hit[1], tid))
+            else:
+                out[tid] = self._compute_path(view, tid, horizon)
+        if len(stale) > 1:
+            stale.sort()
+        for _, tid in stale[: self.p.refresh_limit]:
+            out[tid] = self._compute_path(view, tid, horizon)
+        return out
+
+    def _compute_path(self, view: EngineView, tid: str, horizon: float) -> TaskPath:
+        task = view.tasks[tid]
+        waiting = sorted(
+            (st.request.queued_s, st.request.rid, sid)
+            for sid, st in task.stages.items()
+            if st.state == StageState.WAITING and st.request is not None
+        )
+        path = task_path(task, view.estimator, horizon, [sid for _, _, sid in waiting])
+        self._path_memo[tid] = (task.version, view.estimator.version, path)
+        return path
 
     def _victims(self, view: EngineView, prefixes: dict[str, Any]) -> list[Victim]:
         est = view.estimator
@@ -190,10 +244,6 @@ class Topas(Policy):
                 )
                 if others_done:
                     counts[child.agent] += 1
-        for task in view.tasks.values():
-            for st in task.stages.values():
-                if st.state == StageState.DELAYED:
-                    counts[st.agent] += 1
         est = view.estimator
         return {
             a: self.p.beta * n * est.prefill_s(prefixes[a].tokens)
@@ -205,6 +255,8 @@ class Topas(Policy):
         if len(self._credit) > 2 * (len(view.running) + len(view.waiting)) + 64:
             live = {r.rid for r in view.running} | {r.rid for r in view.waiting}
             self._credit = {k: v for k, v in self._credit.items() if k in live}
+        if len(self._path_memo) > 2 * len(view.tasks) + 64:
+            self._path_memo = {k: v for k, v in self._path_memo.items() if k in view.tasks}
 
 
 class TopasBase(Topas):
