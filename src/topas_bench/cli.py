@@ -316,5 +316,11 @@ def presets_show(name: Annotated[str, typer.Argument(help="Preset name.")]) -> N
     print_preset(out, load_preset(name))
 
 
+# sweep, report, figures, compare live in cli_analysis (it imports the helpers above).
+from topas_bench import cli_analysis  # noqa: E402
+
+cli_analysis.register(app)
+
+
 def main() -> None:
     app()

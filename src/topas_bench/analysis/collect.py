@@ -1,0 +1,169 @@
+"""Read a results tree into one row per run (STYLE 8: analysis only reads files).
+
+A run directory is taken only when it is whole: `run.json` readable with an identity that
+matches the directory's name, every table present and readable, and one task row per task of
+the identity. Anything else is reported as a problem and left out, never mixed in. Runs of one
+group (same identity but scheduler) and seed must share the workload sample
+(`workload_digest`); when they do not, the tree is an error, not a comparison.
+
+Metrics are recomputed from the files with the `METRICS` table (`summarize`), the same
+functions `run` uses; `run.json` contributes its counters (prefix hits, preemptions).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from topas_bench.analysis.metrics import RunTables, summarize
+from topas_bench.errors import TopasError
+from topas_bench.results import TABLES, RunIdentity, read_meta, read_table
+
+#: Identity fields that vary within a group, i.e. are not part of the group key.
+WITHIN_GROUP = ("scheduler", "scheduler_params", "seed")
+
+
+@dataclass
+class Collection:
+    """`runs`: one row per usable run (identity fields, group key and label, scheduler label,
+    metrics); `jct`: each run's task JCTs by path; `problems`: what was left out and why."""
+
+    root: Path
+    runs: pd.DataFrame
+    jct: dict[str, np.ndarray] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def collect(root: Path) -> Collection:
+    if not root.is_dir():
+        raise TopasError(f"{root}: not a directory of results")
+    rows: list[dict[str, Any]] = []
+    coll = Collection(root, pd.DataFrame())
+    for run_dir in _run_dirs(root):
+        try:
+            row, jct = _read_run(run_dir)
+        except TopasError as e:
+            coll.problems.append(f"{_rel(run_dir, root)}: {e}".replace(f"{run_dir}/", ""))
+            continue
+        row["path"] = str(run_dir)
+        rows.append(row)
+        coll.jct[str(run_dir)] = jct
+    if not rows:
+        raise TopasError(f"{root}: no finished runs found" + _first(coll.problems))
+    runs = pd.DataFrame(rows).sort_values(["group", "scheduler", "seed", "path"])
+    _check_unique(runs, root)
+    _check_samples(runs)
+    coll.runs = runs.reset_index(drop=True)
+    return coll
+
+
+def _first(problems: list[str]) -> str:
+    return f" ({len(problems)} left out; first: {problems[0]})" if problems else ""
+
+
+def _rel(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path != root else "."
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    """Directories that hold any run file: finished or not, so partial ones are reported."""
+    names = {"run.json", *(f"{t}.parquet" for t in TABLES)}
+    return sorted({p.parent for p in root.rglob("*") if p.name in names and p.is_file()})
+
+
+def _read_run(run_dir: Path) -> tuple[dict[str, Any], np.ndarray]:
+    if not (run_dir / "run.json").is_file():
+        raise TopasError("unfinished run (no run.json)")
+    meta = read_meta(run_dir)
+    try:
+        ident = RunIdentity(**meta["identity"])
+        expected = ident.run_dir(Path())
+    except (TypeError, ValueError, KeyError) as e:
+        raise TopasError(f"run.json has a malformed identity ({e})") from None
+    if run_dir.parts[-3:] != expected.parts:
+        raise TopasError(f"directory does not match its identity (expected {expected})")
+    for name in TABLES:
+        if not (run_dir / f"{name}.parquet").is_file():
+            raise TopasError(f"partial run: {name}.parquet is missing")
+    tasks = read_table(run_dir, "tasks")
+    decisions = read_table(run_dir, "decisions")
+    for name in ("requests", "timeline"):
+        _check_parquet(run_dir / f"{name}.parquet")
+    if len(tasks) != ident.num_tasks or "jct_s" not in tasks:
+        raise TopasError(f"partial run: {len(tasks)} of {ident.num_tasks} tasks recorded")
+    digest = meta.get("workload_digest")
+    if not isinstance(digest, str):
+        raise TopasError("run.json has no workload_digest; cannot check the workload sample")
+    counters = {k: float(v) for k, v in (meta.get("counters") or {}).items()}
+    metrics = summarize(RunTables(tasks, pd.DataFrame(), decisions, counters))
+    return _row(ident, meta, digest) | metrics, tasks["jct_s"].to_numpy(dtype=float)
+
+
+def _check_parquet(path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except (OSError, ValueError) as e:
+        raise TopasError(f"{path.name}: unreadable table ({e})") from None
+
+
+def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any]:
+    d = ident.to_json()
+    key = json.dumps({k: v for k, v in d.items() if k not in WITHIN_GROUP}, sort_keys=True)
+    load = meta.get("load")
+    return {
+        "group": key,
+        "group_label": group_label(ident, load),
+        "workload": ident.workload,
+        "preset": ident.preset,
+        "kv_budget_tokens": ident.kv_budget_tokens,
+        "rate_per_s": ident.rate_per_s,
+        "load": float(load) if load is not None else float("nan"),
+        "num_tasks": ident.num_tasks,
+        "scheduler": scheduler_label(ident.scheduler, d["scheduler_params"]),
+        "scheduler_name": ident.scheduler,
+        "seed": ident.seed,
+        "workload_digest": digest,
+    }
+
+
+def scheduler_label(name: str, params: dict[str, Any]) -> str:
+    """`topas`, or `topas[beta=0.2]` for non-default parameters."""
+    if not params:
+        return name
+    return name + "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(params.items())) + "]"
+
+
+def group_label(ident: RunIdentity, load: Any) -> str:
+    parts = [f"load {float(load):g}"] if load is not None else []
+    parts.append(f"rate {ident.rate_per_s:.4g}/s")
+    parts += [ident.preset, f"KV {ident.kv_budget_tokens:,}", f"{ident.num_tasks} tasks"]
+    extra = {**ident.workload_params, **ident.engine_params}
+    parts += [f"{k}={v}" for k, v in sorted(extra.items())]
+    return ", ".join(parts)
+
+
+def _check_unique(runs: pd.DataFrame, root: Path) -> None:
+    dup = runs[runs.duplicated(["group", "scheduler", "seed"], keep=False)]
+    if not dup.empty:
+        paths = ", ".join(_rel(Path(p), root) for p in dup["path"].head(2))
+        raise TopasError(f"{root}: the same run appears twice ({paths}); point at one tree")
+
+
+def _check_samples(runs: pd.DataFrame) -> None:
+    """Every scheduler of a group and seed must have run on the same workload sample."""
+    for (_, seed), g in runs.groupby(["group", "seed"], sort=True):
+        digests = g.groupby("workload_digest")["scheduler"].apply(list)
+        if len(digests) > 1:
+            first = g.iloc[0]
+            seen = "; ".join(f"{d}: {', '.join(s)}" for d, s in digests.items())
+            raise TopasError(
+                f"{first['workload']} ({first['group_label']}), seed {seed}: schedulers ran on "
+                f"different workload samples ({seen}); these runs cannot be compared"
+            )

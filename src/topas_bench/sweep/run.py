@@ -1,0 +1,263 @@
+"""Run a sweep: plan every group in this process, run its cells on an executor, resumably.
+
+A cell is (group, scheduler). Its directory derives from its identity (`RunIdentity.run_dir`),
+so a finished cell (one with `run.json`, written last and atomically) is skipped unless
+`force`, and a killed sweep resumes with nothing lost or duplicated: an unfinished cell's
+directory has no `run.json` and is simply run again.
+
+Every group is planned here, once (`plan_run`): the workload is sampled once, and its canonical
+trace text travels to the worker with each cell (never a pickle), so every scheduler of a group
+runs on the same tasks; the worker checks the sample's digest. A load needs the workload's
+measured capacity: it is measured once per (workload, params, preset, KV budget) on the
+executor, before the cells, and kept in `OUT/capacity.json` so a resumed sweep uses the same
+rates (`force` measures again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from topas_bench.errors import TopasError
+from topas_bench.experiment import RunPlan, measure_capacity, plan_run, run_cell, workload_digest
+from topas_bench.results import is_finished
+from topas_bench.runners.sim.cost import load_preset
+from topas_bench.sweep.executors import Executor, make_executor
+from topas_bench.sweep.spec import Group, SweepSpec
+from topas_bench.workloads.trace import dumps_workload, loads_workload
+
+CAPACITY_FILE = "capacity.json"
+
+CapacityKey = tuple[str, str, str, int]  # workload, params JSON, preset, KV budget
+
+
+@dataclass(frozen=True)
+class CellJob:
+    """One cell, picklable: the group's plan without its workload, plus the workload's trace."""
+
+    scheduler: str
+    trace: str
+    digest: str
+    plan_fields: Mapping[str, Any]
+    force: bool
+
+    def plan(self) -> RunPlan:
+        w = loads_workload(self.trace, source=f"sweep cell {self.scheduler}")
+        if workload_digest(w) != self.digest:
+            raise TopasError("the workload sample changed on its way to the worker")
+        return RunPlan(workload=w, **self.plan_fields)
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    workload: str
+    scheduler: str
+    seed: int
+    run_dir: str
+    wall_s: float = 0.0
+    cached: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CapacityJob:
+    key: CapacityKey
+
+
+@dataclass(frozen=True)
+class CapacityOutcome:
+    key: CapacityKey
+    capacity_tps: float | None
+    error: str | None = None
+
+
+@dataclass
+class SweepResult:
+    out: Path
+    cells: int = 0
+    skipped: int = 0
+    ran: list[CellOutcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[CellOutcome]:
+        return [c for c in self.ran if c.error is not None]
+
+
+class Progress:
+    """What the sweep reports as it goes; the CLI draws a bar from it. No-ops by default."""
+
+    def phase(self, name: str, total: int) -> None:
+        pass
+
+    def advance(self, name: str, label: str) -> None:
+        pass
+
+
+def run_cell_job(job: CellJob) -> CellOutcome:
+    """A worker's entry point (module-level, so process pools and Ray can import it)."""
+    seed = int(job.plan_fields["seed"])
+    name = str(job.plan_fields["workload_name"])
+    try:
+        plan = job.plan()
+        cell = run_cell(plan, job.scheduler, force=job.force)
+    except Exception as e:  # a failing cell is data; the sweep goes on with the others
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        msg = f"{type(e).__name__}: {e} ({Path(where.filename).name}:{where.lineno})"
+        return CellOutcome(name, job.scheduler, seed, "", error=msg)
+    return CellOutcome(name, job.scheduler, seed, str(cell.run_dir), cell.wall_s, cell.cached)
+
+
+def measure_capacity_job(job: CapacityJob) -> CapacityOutcome:
+    workload, params, preset, budget = job.key
+    try:
+        params_t = tuple(sorted(json.loads(params).items()))
+        cap = measure_capacity(workload, params_t, load_preset(preset), budget)
+    except Exception as e:
+        return CapacityOutcome(job.key, None, f"{type(e).__name__}: {e}")
+    return CapacityOutcome(job.key, cap)
+
+
+def run_sweep(
+    specs: Sequence[SweepSpec],
+    out: Path,
+    *,
+    jobs: int = 1,
+    executor: str = "local",
+    address: str | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Run every cell of `specs` that has no finished result under `out` (all with `force`)."""
+    progress = progress or Progress()
+    _check_names(specs)
+    if address is not None and executor != "ray":
+        raise TopasError("--address needs --executor ray")
+    ex = make_executor(executor, jobs, address)
+    try:
+        caps = _capacities(specs, out, ex, force, progress)
+        plans = _plans(specs, out, caps)
+        result = SweepResult(out)
+        todo: list[CellJob] = []
+        traces: dict[int, tuple[str, str]] = {}  # one trace text per group plan
+        for plan, scheduler in plans:
+            result.cells += 1
+            if not force and is_finished(plan.identity(scheduler).run_dir(out)):
+                result.skipped += 1
+                continue
+            if id(plan) not in traces:
+                traces[id(plan)] = (dumps_workload(plan.workload), workload_digest(plan.workload))
+            todo.append(_job(plan, scheduler, force, *traces[id(plan)]))
+        progress.phase("cells", len(todo))
+        for outcome in ex.imap_unordered(run_cell_job, todo):
+            result.ran.append(outcome)
+            progress.advance("cells", f"{outcome.workload}/{outcome.scheduler}/s{outcome.seed}")
+    finally:
+        ex.close()
+    return result
+
+
+def _check_names(specs: Sequence[SweepSpec]) -> None:
+    """Unknown names and bad parameters fail before anything runs."""
+    from topas_bench.schedulers.registry import make_policy
+    from topas_bench.workloads.registry import WORKLOADS
+
+    for spec in specs:
+        for w in spec.workloads:
+            WORKLOADS.get(w)
+        for p in spec.presets:
+            load_preset(p)
+        for s in spec.schedulers:
+            make_policy(s, **spec.scheduler_params.get(s, {}))
+
+
+def _budget(group: Group) -> int:
+    if group.kv_budget_tokens is not None:
+        return group.kv_budget_tokens
+    return load_preset(group.preset).derived_kv_budget_tokens
+
+
+def _cap_key(spec: SweepSpec, g: Group) -> CapacityKey:
+    params = json.dumps(dict(spec.workload_params.get(g.workload, {})), sort_keys=True)
+    return (g.workload, params, g.preset, _budget(g))
+
+
+def _capacities(
+    specs: Sequence[SweepSpec], out: Path, ex: Executor, force: bool, progress: Progress
+) -> dict[CapacityKey, float]:
+    path = out / CAPACITY_FILE
+    known = {} if force else _read_capacities(path)
+    need = sorted(
+        {_cap_key(s, g) for s in specs for g in s.groups() if g.load is not None} - set(known)
+    )
+    if not need:
+        return known
+    progress.phase("capacity", len(need))
+    for res in ex.imap_unordered(measure_capacity_job, [CapacityJob(k) for k in need]):
+        if res.capacity_tps is None:
+            raise TopasError(f"measuring the capacity of {res.key[0]} failed: {res.error}")
+        known[res.key] = res.capacity_tps
+        progress.advance("capacity", res.key[0])
+    _write_capacities(path, known)
+    return known
+
+
+def _read_capacities(path: Path) -> dict[CapacityKey, float]:
+    if not path.is_file():
+        return {}
+    try:
+        rows = json.loads(path.read_text())["capacities"]
+        return {
+            (r["workload"], json.dumps(r["workload_params"], sort_keys=True), r["preset"],
+             int(r["kv_budget_tokens"])): float(r["capacity_tps"])
+            for r in rows
+        }  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise TopasError(
+            f"{path}: unreadable capacity cache ({e}); delete it or use --force"
+        ) from None
+
+
+def _write_capacities(path: Path, caps: Mapping[CapacityKey, float]) -> None:
+    rows = [
+        {"workload": w, "workload_params": json.loads(p), "preset": pr,
+         "kv_budget_tokens": b, "capacity_tps": c}
+        for (w, p, pr, b), c in sorted(caps.items())
+    ]  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"capacities": rows}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _plans(
+    specs: Sequence[SweepSpec], out: Path, caps: Mapping[CapacityKey, float]
+) -> list[tuple[RunPlan, str]]:
+    """Every cell as (its group's plan, scheduler), each distinct run directory once."""
+    cells: dict[Path, tuple[RunPlan, str]] = {}
+    for spec in specs:
+        for g in spec.groups():
+            cap = caps[_cap_key(spec, g)] if g.load is not None else None
+            rate = g.load * cap if g.load is not None and cap is not None else g.rate_per_s
+            plan = plan_run(
+                workload=g.workload, schedulers=spec.schedulers, num_tasks=spec.num_tasks,
+                seed=g.seed, rate_per_s=rate,
+                preset=g.preset, kv_budget_tokens=g.kv_budget_tokens,
+                length_hint=spec.length_hint, host_tier_tokens=spec.host_tier_tokens, out=out,
+                workload_params=spec.workload_params.get(g.workload, {}),
+                scheduler_params=spec.scheduler_params,
+            )  # fmt: skip
+            if g.load is not None:
+                plan = replace(plan, load=g.load, capacity_tps=cap)
+            for s in plan.schedulers:
+                cells.setdefault(plan.identity(s).run_dir(out), (plan, s))
+    return list(cells.values())
+
+
+def _job(plan: RunPlan, scheduler: str, force: bool, trace: str, digest: str) -> CellJob:
+    rest = {f.name: getattr(plan, f.name) for f in fields(plan) if f.name != "workload"}
+    return CellJob(scheduler, trace, digest, rest, force)

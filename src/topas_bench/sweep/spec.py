@@ -1,0 +1,230 @@
+"""What a sweep covers: schedulers x workloads x loads (or rates) x seeds x presets x KV budgets.
+
+A sweep comes from flags or a TOML file. The file's top-level keys are the settings; an
+optional `[[sweep]]` array adds several sweeps that share them (each entry overrides the
+top-level keys), e.g. a main comparison plus an ablation and a load curve:
+
+    tasks = 60
+    seeds = [0, 1]
+    presets = ["a100-qwen32b"]
+
+    [[sweep]]
+    workloads = ["chain3", "dag4"]
+    schedulers = "all"
+    loads = [0.8]
+
+    [[sweep]]
+    workloads = ["chain3"]
+    schedulers = ["topas", "topas-base"]
+    loads = [0.5, 0.95]
+
+    [scheduler_params.topas]
+    beta = 0.2
+
+Keys: workloads, schedulers (a group name as in `run --scheduler`, or a list), seeds, loads
+or rates (never both; neither = each workload's default rate), presets, kv_budgets (tokens,
+or "derived" for the preset's), tasks, length_hint, host_tier_tokens, workload_params and
+scheduler_params (tables keyed by workload / scheduler name), out. An unknown key, a value of
+the wrong type or an unknown name is a `TopasError` naming the file and key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from topas_bench.errors import TopasError
+from topas_bench.runners.sim.config import LengthHint
+
+KEYS = (
+    "workloads", "schedulers", "seeds", "loads", "rates", "presets", "kv_budgets", "tasks",
+    "length_hint", "host_tier_tokens", "workload_params", "scheduler_params", "out",
+)  # fmt: skip
+DEFAULT_PRESET = "a100-qwen32b"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One workload sample and engine setting; every scheduler of a sweep runs on it."""
+
+    workload: str
+    preset: str
+    kv_budget_tokens: int | None  # None: the preset's derived budget
+    load: float | None
+    rate_per_s: float | None  # None with load None: the workload's default rate
+    seed: int
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    workloads: tuple[str, ...]
+    schedulers: tuple[str, ...]
+    seeds: tuple[int, ...] = (0,)
+    loads: tuple[float, ...] = ()
+    rates: tuple[float, ...] = ()
+    presets: tuple[str, ...] = (DEFAULT_PRESET,)
+    kv_budgets: tuple[int | None, ...] = (None,)
+    num_tasks: int = 200
+    length_hint: LengthHint = "none"
+    host_tier_tokens: int = 0
+    workload_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    scheduler_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("workloads", "schedulers", "seeds", "presets", "kv_budgets"):
+            values = getattr(self, name)
+            if not values:
+                raise TopasError(f"sweep: `{name}` is empty")
+            if len(set(values)) != len(values):
+                raise TopasError(f"sweep: `{name}` lists a value twice: {list(values)}")
+        if self.loads and self.rates:
+            raise TopasError("sweep: give either loads or rates, not both")
+        for name in ("loads", "rates"):
+            if any(not (v > 0 and v != float("inf")) for v in getattr(self, name)):
+                raise TopasError(f"sweep: `{name}` must be positive numbers")
+        if any(s < 0 for s in self.seeds):
+            raise TopasError("sweep: `seeds` must be >= 0")
+        if any(b is not None and b < 1 for b in self.kv_budgets):
+            raise TopasError("sweep: `kv_budgets` must be positive token counts or 'derived'")
+        if self.num_tasks < 1:
+            raise TopasError(f"sweep: `tasks` must be a positive integer, got {self.num_tasks}")
+        if self.host_tier_tokens < 0:
+            raise TopasError("sweep: `host_tier_tokens` must be >= 0")
+        for key, names in (("workload_params", self.workloads),
+                           ("scheduler_params", self.schedulers)):  # fmt: skip
+            extra = sorted(set(getattr(self, key)) - set(names))
+            if extra:
+                raise TopasError(f"sweep: `{key}` for {extra[0]!r}, which is not in this sweep")
+
+    def groups(self) -> list[Group]:
+        levels: list[tuple[float | None, float | None]] = (
+            [(x, None) for x in self.loads] or [(None, x) for x in self.rates] or [(None, None)]
+        )
+        return [
+            Group(w, p, b, load, rate, s)
+            for w in self.workloads
+            for p in self.presets
+            for b in self.kv_budgets
+            for load, rate in levels
+            for s in self.seeds
+        ]
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise TopasError(f"{path}: cannot read sweep file: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TopasError(f"{path}: invalid TOML: {e}") from None
+
+
+def load_specs(
+    doc: Mapping[str, Any], flags: Mapping[str, Any], source: str
+) -> list[tuple[SweepSpec, Any]]:
+    """The sweeps of a parsed TOML document, flags overriding it; each with its `out` or None.
+
+    Flags that were given (not None) override the file's top-level keys and every `[[sweep]]`
+    entry; a `loads` flag replaces the file's `rates` and vice versa."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    base = {k: v for k, v in doc.items() if k != "sweep"}
+    entries = doc.get("sweep", [{}])
+    if (
+        not isinstance(entries, list)
+        or not entries
+        or not all(isinstance(e, dict) for e in entries)
+    ):
+        raise TopasError(f"{source}: `sweep` must be an array of tables ([[sweep]])")
+    specs = []
+    for entry in entries:
+        merged = base | entry
+        for a, b in (("loads", "rates"), ("rates", "loads")):
+            if a in given:
+                merged.pop(b, None)
+        specs.append(_spec(merged | given, source))
+    return specs
+
+
+def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
+    from topas_bench.experiment import parse_schedulers
+
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise TopasError(f"{source}: unknown key {unknown[0]!r}; known: {', '.join(KEYS)}")
+    if "workloads" not in raw:
+        raise TopasError(f"{source}: `workloads` is missing")
+    sched = raw.get("schedulers", "all")
+    if isinstance(sched, str):
+        schedulers = parse_schedulers(sched)
+    else:
+        schedulers = parse_schedulers(",".join(_list(source, "schedulers", sched, str)))
+    kv = [None if b == "derived" else b for b in _list(source, "kv_budgets",
+          raw.get("kv_budgets", ["derived"]), (int, str))]  # fmt: skip
+    if any(isinstance(b, str) for b in kv):
+        raise TopasError(f"{source}: `kv_budgets` takes token counts or 'derived'")
+    hint = raw.get("length_hint", "none")
+    if hint not in ("none", "oracle"):
+        raise TopasError(f"{source}: `length_hint` must be 'none' or 'oracle', got {hint!r}")
+    spec = SweepSpec(
+        workloads=tuple(_list(source, "workloads", raw["workloads"], str)),
+        schedulers=schedulers,
+        seeds=tuple(_list(source, "seeds", raw.get("seeds", [0]), int)),
+        loads=tuple(float(x) for x in _list(source, "loads", raw.get("loads", []), (int, float))),
+        rates=tuple(float(x) for x in _list(source, "rates", raw.get("rates", []), (int, float))),
+        presets=tuple(_list(source, "presets", raw.get("presets", [DEFAULT_PRESET]), str)),
+        kv_budgets=tuple(kv),
+        num_tasks=_scalar(source, "tasks", raw.get("tasks", 200), int),
+        length_hint="oracle" if hint == "oracle" else "none",
+        host_tier_tokens=_scalar(source, "host_tier_tokens", raw.get("host_tier_tokens", 0), int),
+        workload_params=_tables(source, "workload_params", raw.get("workload_params", {})),
+        scheduler_params=_tables(source, "scheduler_params", raw.get("scheduler_params", {})),
+    )
+    out = raw.get("out")
+    if out is not None and not isinstance(out, str):
+        raise TopasError(f"{source}: `out` must be a path string")
+    return spec, out
+
+
+def _list(source: str, key: str, value: Any, kind: type | tuple[type, ...]) -> list[Any]:
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        # bool is an int subclass; TOML's `true` is never a seed or a budget.
+        if isinstance(item, bool) or not isinstance(item, kind):
+            raise TopasError(f"{source}: `{key}` has a value of the wrong type: {item!r}")
+    return items
+
+
+def _scalar(source: str, key: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TopasError(f"{source}: `{key}` must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _tables(source: str, key: str, value: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise TopasError(f"{source}: `{key}` must be tables keyed by name ([{key}.NAME])")
+    return {k: dict(v) for k, v in value.items()}
+
+
+def parse_list(text: str, flag: str, kind: type[int] | type[float]) -> list[Any]:
+    """A flag's comma-separated values; integer flags also take ranges `a-b` (inclusive)."""
+    items: list[Any] = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            if kind is int and "-" in part[1:]:
+                lo, hi = part.split("-", 1)
+                items.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                items.append(kind(part))
+        except ValueError:
+            raise TopasError(f"{flag}: not a list of {kind.__name__}s: {text!r}") from None
+    if not items:
+        raise TopasError(f"{flag} is empty")
+    return items
+
+
+__all__: Sequence[str] = ("Group", "SweepSpec", "load_specs", "parse_list", "read_toml")
