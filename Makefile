@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements/constraints.txt
 RUN_ARGS ?= --workload metagpt-tl --scheduler all
 
-.PHONY: run test lint typecheck pytest bench figures clean
+.PHONY: run test lint typecheck pytest bench figures clean metagpt-env
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,3 +41,20 @@ bench: $(VENV)/.installed-dev
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+
+## metagpt-env: MetaGPT 0.8.2 in its own venv (.venvs/metagpt), from the pins in requirements/,
+## never beside the project (its pins conflict with ours). Used by `topas-bench trace record`.
+METAGPT_VENV   ?= .venvs/metagpt
+METAGPT_PYTHON ?= python3.11
+METAGPT_LOCK   := requirements/metagpt-0.8.2-py311-lock.txt
+METAGPT_EXTRA  := requirements/metagpt-recorder.txt
+
+metagpt-env: $(METAGPT_VENV)/.installed
+
+$(METAGPT_VENV)/.installed: $(METAGPT_LOCK) $(METAGPT_EXTRA)
+	rm -rf $(METAGPT_VENV)
+	$(METAGPT_PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] >= (3, 12) and "MetaGPT 0.8.2 needs Python < 3.12; set METAGPT_PYTHON")'
+	$(METAGPT_PYTHON) -m venv $(METAGPT_VENV)
+	$(METAGPT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r $(METAGPT_LOCK)
+	$(METAGPT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r $(METAGPT_EXTRA)
+	touch $@

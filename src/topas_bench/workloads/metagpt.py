@@ -2,17 +2,32 @@
 
 Every length comes from ../shared/metagpt/FACTS.md (cl100k_base tokens measured on MetaGPT's own
 prompts) and tl-system-prompt-sizes.json; the field comments below name the row. No MetaGPT text
-is used: a segment is a key and a length. Both workloads are *cache-friendly*: an agent's prefix
-is its system prompt plus any fixed template moved in front of the job's content, with the
-per-call timestamp frozen, so it is identical across tasks. (As MetaGPT ships, only the first
-~45 tokens would be shareable; that `faithful` mode is not modelled here.)
+is used: a segment is a key and a length.
+
+Two prefix modes (parameter ``prefix_mode``):
+
+- ``cache-friendly`` (default): an agent's prefix is its system prompt plus any fixed template
+  moved in front of the job's content, with the per-call timestamp frozen, so it is identical
+  across tasks (SOP: system line + template; TL: the whole RoleZero system prompt).
+- ``faithful``: only the tokens MetaGPT really shares across calls as it ships. SOP (0.8.2): the
+  system line (plus the Engineer's 100-token header, which comes before the context); each
+  fixed template follows the job's content as a per-call segment ``<task>/<stage>/tmpl``. TL
+  (main): the system prompt is cut at the timestamp (``tokens_before_timestamp``); the rest of
+  it, which changes every second, is a per-call segment ``<task>/<stage>/sys``, so nothing after
+  it (the TeamLeader's memory included) is shared between calls either.
+
+The paper's numbers most likely used ``cache-friendly``: TOPAS gains by keeping agent prefixes
+resident, and its largest MetaGPT gain is on TL (22% mean JCT), whose prefixes are 2-9k tokens
+only when the timestamp is frozen; faithfully the shareable prefix is 25-57 tokens on TL and
+41-149 on the SOP, which leaves a prefix-aware policy almost nothing to keep. The smaller SOP gain
+(9.8%) also fits cache-friendly prefixes of 375-916 tokens there.
 
 A task is one software idea (MetaGPT's SoftwareDev prompts are one-liners such as "a 2048
 game"): the input segment ``<task_id>/input``, 10-100 tokens. Every length is drawn uniformly
 (inclusive) from its range, per task in stage order, from the workload's content stream.
 Stages send ``max_new_tokens == output_tokens`` (exact lengths with ``ignore_eos``, DESIGN
 section 7). Stage ids are ``s0``.. in the order of the shapes below, each depending on the one
-before it (both workflows are sequential per task).
+before it (both workflows are sequential per task). The prefix mode changes no sampled length.
 """
 
 from __future__ import annotations
@@ -22,10 +37,20 @@ from typing import Any
 
 import numpy as np
 
+from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
 from topas_bench.workloads.registry import build_workload, check_params, uniform_tokens
 
 Range = tuple[int, int]
+
+#: ``prefix_mode`` values; the first is the default.
+PREFIX_MODES = ("cache-friendly", "faithful")
+
+
+def check_prefix_mode(value: object) -> None:
+    if value not in PREFIX_MODES:
+        raise TopasError(f"prefix_mode must be one of {', '.join(PREFIX_MODES)}, got {value!r}")
+
 
 PM, ARCH, PROJ, ENG, QA, TL = (
     "ProductManager",
@@ -71,7 +96,9 @@ class SopParams:
     """MetaGPT 0.8.2 SOP, FACTS.md "MetaGPT-SOP" table: prefix = system prefix + fixed template.
 
     The Engineer stage stands for one WriteCode call (the table's per-file row); review, rewrite
-    and RunCode calls are left to a `-full` replay variant.
+    and RunCode calls are in `metagpt-sop-full`. The ``*_prefix_tokens`` are the cache-friendly
+    prefixes; ``faithful`` keeps the ``*_system_tokens`` of each in front and moves the rest
+    (the fixed template) behind the job's content.
     """
 
     pm_prefix_tokens: int = 41 + 875  # ProductManager / WritePRD: system + template
@@ -79,6 +106,13 @@ class SopParams:
     project_manager_prefix_tokens: int = 50 + 455  # ProjectManager / WriteTasks
     engineer_prefix_tokens: int = 49 + 100 + 226  # Engineer / WriteCode: system + header + after
     qa_prefix_tokens: int = 63 + 384  # QaEngineer / WriteTest
+    # faithful mode: the shared part of each prefix (system line; Engineer: + 100-token header)
+    pm_system_tokens: int = 41
+    architect_system_tokens: int = 47
+    project_manager_system_tokens: int = 50
+    engineer_system_tokens: int = 49 + 100
+    # WriteTest's template is 384 tokens, 77 of them after the code (measured on 0.8.2's source)
+    qa_system_tokens: int = 63 + 384 - 77
     requirement_tokens: Range = (10, 100)  # WritePRD per-call content
     prd_tokens: Range = (500, 700)  # WritePRD output
     design_tokens: Range = (400, 600)  # WriteDesign output
@@ -86,19 +120,32 @@ class SopParams:
     code_tokens: Range = (200, 1300)  # WriteCode output
     test_tokens: Range = (400, 1000)  # WriteTest output
     delay_s: float = 0.0  # client-side tool time before every stage
+    prefix_mode: str = PREFIX_MODES[0]  # cache-friendly | faithful (module docstring)
 
     def __post_init__(self) -> None:
+        check_prefix_mode(self.prefix_mode)
         check_params(self)
+        for full, shared in self._pairs():
+            if shared > full:
+                raise TopasError(f"a *_system_tokens ({shared}) exceeds its prefix ({full})")
+
+    def _pairs(self) -> tuple[tuple[int, int], ...]:
+        return (
+            (self.pm_prefix_tokens, self.pm_system_tokens),
+            (self.architect_prefix_tokens, self.architect_system_tokens),
+            (self.project_manager_prefix_tokens, self.project_manager_system_tokens),
+            (self.engineer_prefix_tokens, self.engineer_system_tokens),
+            (self.qa_prefix_tokens, self.qa_system_tokens),
+        )
+
+    def split(self, agent_index: int) -> tuple[int, int]:
+        """(shared prefix, per-call template after the content) of agent `agent_index`."""
+        full, shared = self._pairs()[agent_index]
+        return (full, 0) if self.prefix_mode == "cache-friendly" else (shared, full - shared)
 
 
 def _sop_agents(p: SopParams) -> tuple[Agent, ...]:
-    return (
-        Agent(PM, p.pm_prefix_tokens),
-        Agent(ARCH, p.architect_prefix_tokens),
-        Agent(PROJ, p.project_manager_prefix_tokens),
-        Agent(ENG, p.engineer_prefix_tokens),
-        Agent(QA, p.qa_prefix_tokens),
-    )
+    return tuple(Agent(name, p.split(i)[0]) for i, name in enumerate((PM, ARCH, PROJ, ENG, QA)))
 
 
 def _sop_stages(p: SopParams, task_id: str, rng: np.random.Generator) -> tuple[Stage, ...]:
@@ -111,16 +158,19 @@ def _sop_stages(p: SopParams, task_id: str, rng: np.random.Generator) -> tuple[S
         return Segment(output_key(task_id, f"s{i}"), out[i])
 
     plan = (
-        (PM, p.pm_prefix_tokens, [_input(task_id, req)], "write_prd"),
-        (ARCH, p.architect_prefix_tokens, [doc(0)], "write_design"),
-        (PROJ, p.project_manager_prefix_tokens, [doc(1)], "write_tasks"),
-        (ENG, p.engineer_prefix_tokens, [doc(1), doc(2)], "write_code"),
-        (QA, p.qa_prefix_tokens, [doc(3)], "write_test"),
+        (PM, [_input(task_id, req)], "write_prd"),
+        (ARCH, [doc(0)], "write_design"),
+        (PROJ, [doc(1)], "write_tasks"),
+        (ENG, [doc(1), doc(2)], "write_code"),
+        (QA, [doc(3)], "write_test"),
     )
-    return tuple(
-        _chain_stage(i, agent, prefix, body, out[i], kind, p.delay_s)
-        for i, (agent, prefix, body, kind) in enumerate(plan)
-    )
+    stages = []
+    for i, (agent, body, kind) in enumerate(plan):
+        prefix, template = p.split(i)
+        if template:  # faithful: the fixed template follows the job's content
+            body = [*body, Segment(f"{task_id}/s{i}/tmpl", template)]
+        stages.append(_chain_stage(i, agent, prefix, body, out[i], kind, p.delay_s))
+    return tuple(stages)
 
 
 def make_sop(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]) -> Workload:
@@ -141,6 +191,12 @@ class TlParams:
     "~" figures where it gives only a typical value.
     """
 
+    # faithful mode: each prefix is cut at its timestamp ("tokens_before_timestamp")
+    tl_before_timestamp_tokens: int = 25
+    pm_before_timestamp_tokens: int = 46
+    architect_before_timestamp_tokens: int = 57
+    project_manager_before_timestamp_tokens: int = 57  # the Architect's (see below)
+    engineer_before_timestamp_tokens: int = 28
     tl_prefix_tokens: int = 3628  # "Mike(Team Leader)"
     pm_prefix_tokens: int = 4858  # "Alice(Product Manager)"
     architect_prefix_tokens: int = 1982  # "Bob(Architect)"
@@ -161,19 +217,29 @@ class TlParams:
     tasks_tokens: Range = (150, 400)  # no TL figure: the SOP's WriteTasks output
     code_tokens: Range = (300, 1500)  # write_new_code 300-1500 per file
     delay_s: float = 0.0  # client-side tool time before every stage
+    prefix_mode: str = PREFIX_MODES[0]  # cache-friendly | faithful (module docstring)
 
     def __post_init__(self) -> None:
+        check_prefix_mode(self.prefix_mode)
         check_params(self)
+        for name in (TL, PM, ARCH, PROJ, ENG):
+            full, cut = self._pair(name)
+            if cut > full:
+                raise TopasError(f"{name}: tokens before the timestamp ({cut}) exceed {full}")
+
+    def _pair(self, agent: str) -> tuple[int, int]:
+        stem = {TL: "tl", PM: "pm", ARCH: "architect", PROJ: "project_manager", ENG: "engineer"}
+        full = getattr(self, f"{stem[agent]}_prefix_tokens")
+        return full, getattr(self, f"{stem[agent]}_before_timestamp_tokens")
+
+    def split(self, agent: str) -> tuple[int, int]:
+        """(shared prefix, per-call rest of the system prompt) of `agent`."""
+        full, cut = self._pair(agent)
+        return (full, 0) if self.prefix_mode == "cache-friendly" else (cut, full - cut)
 
 
 def _tl_agents(p: TlParams) -> tuple[Agent, ...]:
-    return (
-        Agent(TL, p.tl_prefix_tokens),
-        Agent(PM, p.pm_prefix_tokens),
-        Agent(ARCH, p.architect_prefix_tokens),
-        Agent(PROJ, p.project_manager_prefix_tokens),
-        Agent(ENG, p.engineer_prefix_tokens),
-    )
+    return tuple(Agent(name, p.split(name)[0]) for name in (TL, PM, ARCH, PROJ, ENG))
 
 
 def _tl_stages(p: TlParams, task_id: str, rng: np.random.Generator) -> tuple[Stage, ...]:
@@ -193,25 +259,27 @@ def _tl_stages(p: TlParams, task_id: str, rng: np.random.Generator) -> tuple[Sta
     """
     req = uniform_tokens(rng, p.requirement_tokens)
     roles = (
-        (TL, p.tl_prefix_tokens, p.plan_tokens, "plan", ()),
-        (PM, p.pm_prefix_tokens, p.prd_tokens, "write_prd", ()),
-        (TL, p.tl_prefix_tokens, p.route_tokens, "route", ()),
-        (ARCH, p.architect_prefix_tokens, p.design_tokens, "write_design", (1,)),
-        (TL, p.tl_prefix_tokens, p.route_tokens, "route", ()),
-        (PROJ, p.project_manager_prefix_tokens, p.tasks_tokens, "write_tasks", (3,)),
-        (TL, p.tl_prefix_tokens, p.route_tokens, "route", ()),
-        (ENG, p.engineer_prefix_tokens, p.code_tokens, "write_code", (3, 5)),
-        (TL, p.tl_prefix_tokens, p.status_tokens, "status", ()),
+        (TL, p.plan_tokens, "plan", ()),
+        (PM, p.prd_tokens, "write_prd", ()),
+        (TL, p.route_tokens, "route", ()),
+        (ARCH, p.design_tokens, "write_design", (1,)),
+        (TL, p.route_tokens, "route", ()),
+        (PROJ, p.tasks_tokens, "write_tasks", (3,)),
+        (TL, p.route_tokens, "route", ()),
+        (ENG, p.code_tokens, "write_code", (3, 5)),
+        (TL, p.status_tokens, "status", ()),
     )
-    out = [uniform_tokens(rng, r) for _, _, r, _, _ in roles]
+    out = [uniform_tokens(rng, r) for _, r, _, _ in roles]
     docs = [Segment(output_key(task_id, f"s{i}"), n) for i, n in enumerate(out)]
     history = [_input(task_id, req)]  # the TeamLeader's memory so far
     stages = []
-    for i, (agent, prefix, _, kind, reads) in enumerate(roles):
+    for i, (agent, _, kind, reads) in enumerate(roles):
+        prefix, rest = p.split(agent)
+        sys = [Segment(f"{task_id}/s{i}/sys", rest)] if rest else []  # faithful: after the clock
         cmd = Segment(f"{task_id}/s{i}/cmd", p.command_tokens)
         # the TeamLeader reads its memory; a worker reads the routing message and its documents
         body = [*history, cmd] if agent == TL else [docs[i - 1], *(docs[d] for d in reads), cmd]
-        stages.append(_chain_stage(i, agent, prefix, body, out[i], kind, p.delay_s))
+        stages.append(_chain_stage(i, agent, prefix, [*sys, *body], out[i], kind, p.delay_s))
         history.append(docs[i])
     return tuple(stages)
 
