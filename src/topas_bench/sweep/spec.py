@@ -21,7 +21,8 @@ top-level keys), e.g. a main comparison plus an ablation and a load curve:
     [scheduler_params.topas]
     beta = 0.2
 
-Keys: workloads, schedulers (a group name as in `run --scheduler`, or a list), seeds, loads
+Keys: workloads, schedulers (names or groups as in `run --scheduler`: `all`, `baselines`,
+`ablations`, `everything`, `fcfs,lpm`; a list is their union in order), seeds, loads
 or rates (never both; neither = each workload's default rate), presets, kv_budgets (tokens,
 or "derived" for the preset's), tasks, length_hint, host_tier_tokens, workload_params and
 scheduler_params (tables keyed by workload / scheduler name), out. An unknown key, a value of
@@ -157,11 +158,10 @@ def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
         raise TopasError(f"{source}: unknown key {unknown[0]!r}; known: {', '.join(KEYS)}")
     if "workloads" not in raw:
         raise TopasError(f"{source}: `workloads` is missing")
-    sched = raw.get("schedulers", "all")
-    if isinstance(sched, str):
-        schedulers = parse_schedulers(sched)
-    else:
-        schedulers = parse_schedulers(",".join(_list(source, "schedulers", sched, str)))
+    names: list[str] = []
+    for item in _list(source, "schedulers", raw.get("schedulers", "all"), str):
+        names += [n for n in parse_schedulers(item) if n not in names]  # groups expand in place
+    schedulers = tuple(names)
     kv = [None if b == "derived" else b for b in _list(source, "kv_budgets",
           raw.get("kv_budgets", ["derived"]), (int, str))]  # fmt: skip
     if any(isinstance(b, str) for b in kv):
