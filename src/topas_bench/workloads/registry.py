@@ -225,5 +225,5 @@ _add(
     "metagpt-tl", "MetaGPT TeamLeader: 9-stage star, append-only TL memory", "metagpt",
     "make_tl", 0.00588,
 )  # fmt: skip
-_add("metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 1.0)
-_add("metagpt-tl-full", "MetaGPT TeamLeader, every call", "metagpt_tl_full", "make_tl_full", 1.0)
+_add("metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00767)
+_add("metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00159)
