@@ -96,6 +96,9 @@ def sweep(
     force: Annotated[
         bool, typer.Option(help="Re-run finished cells; re-measure capacity.")
     ] = False,
+    compact: Annotated[
+        bool, typer.Option(help="Store tables losslessly smaller (zstd), e.g. to commit them.")
+    ] = False,
 ) -> None:
     """Run schedulers x workloads x loads (or rates) x seeds x presets x KV budgets.
 
@@ -138,7 +141,7 @@ def sweep(
     ) as progress:  # fmt: skip
         result = run_sweep(
             [s for s, _ in specs], target, jobs=jobs or os.cpu_count() or 1, executor=executor,
-            address=address, force=force, progress=_Bar(progress),
+            address=address, force=force, compact=compact, progress=_Bar(progress),
         )  # fmt: skip
     ran = len(result.ran) - len(result.failed)
     out.print(

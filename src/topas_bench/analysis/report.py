@@ -60,12 +60,18 @@ def build_report(coll: Collection) -> Report:
             have = "; ".join(
                 f"{name}: {_seed_list(s)}" for name, s in g.groupby("scheduler")["seed"]
             )
+            how = (
+                f"compared on the common seeds {_seed_list(seeds)}"
+                if seeds
+                else "no seed is common to all, so each row uses its own and nothing is compared"
+            )
             notes.append(
                 f"{g.iloc[0]['workload']} ({g.iloc[0]['group_label']}): schedulers have "
-                f"different seeds ({have}); compared on the common seeds {_seed_list(seeds)}"
+                f"different seeds ({have}); {how}"
             )
-        g = g[g["seed"].isin(seeds)].sort_values("seed")
-        rows += _group_rows(g)
+        if seeds:
+            g = g[g["seed"].isin(seeds)]
+        rows += _group_rows(g.sort_values("seed"), compared=bool(seeds))
     return Report(coll.root, pd.DataFrame(rows), notes, list(coll.problems))
 
 
@@ -96,14 +102,14 @@ def _scheduler_order(label: str) -> tuple[int, str]:
     return (names.index(base) if base in names else len(names), label)
 
 
-def _group_rows(g: pd.DataFrame) -> list[dict[str, Any]]:
+def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
     first = g.iloc[0]
     per: dict[str, pd.DataFrame] = {str(s): d for s, d in g.groupby("scheduler")}
     labels = sorted(per, key=_scheduler_order)
     baselines = [s for s in labels if per[s].iloc[0]["scheduler_name"] in BASELINES]
-    best: dict[str, str] = {}
+    best: dict[str, str] = {}  # metric -> best baseline (none when nothing is compared)
     for m, col in COMPARED.items():
-        means = {s: float(per[s][col].to_numpy().mean()) for s in baselines}
+        means = {s: float(per[s][col].to_numpy().mean()) for s in baselines if compared}
         if means:
             best[m] = min(means, key=lambda s: (means[s], s))
     paper = PAPER_REDUCTIONS.get(str(first["workload"]))

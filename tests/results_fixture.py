@@ -1,0 +1,92 @@
+"""Hand-built result directories with known JCTs, for the report, figure and compare tests.
+
+`write_fixture(root)` writes chain3 at load 0.8 (fcfs, lpm, topas, topas-base; seeds 0 and 1;
+four tasks each) and a second chain3 group at load 0.6, with these JCTs (seconds):
+
+    fcfs   seed 0: 10 20 30 40   seed 1: 20 30 40 50   means 25, 35 -> 30
+    lpm    seed 0: 10 20 30 60   seed 1: 10 20 30 40   means 30, 25 -> 27.5
+    topas  seed 0: 10 10 20 40   seed 1: 10 20 20 30   means 20, 20 -> 20
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from topas_bench.results import RunIdentity, write_run
+from topas_bench.runners.sim.records import (
+    DECISION_COLUMNS,
+    REQUEST_COLUMNS,
+    TIMELINE_COLUMNS,
+)
+
+JCTS = {
+    "fcfs": ([10, 20, 30, 40], [20, 30, 40, 50]),
+    "lpm": ([10, 20, 30, 60], [10, 20, 30, 40]),
+    "topas": ([10, 10, 20, 40], [10, 20, 20, 30]),
+    "topas-base": ([12, 12, 24, 48], [12, 24, 24, 36]),
+}
+DECISION_WALL_S = [0.001, 0.002, 0.003]
+COUNTERS = ({"admitted_prompt_tokens": 100.0, "cached_prompt_tokens": 50.0, "preemptions": 2.0},
+            {"admitted_prompt_tokens": 100.0, "cached_prompt_tokens": 30.0, "preemptions": 4.0})  # fmt: skip
+RATES = {0.8: 0.2, 0.6: 0.15}
+
+
+def identity(scheduler: str, seed: int, load: float = 0.8, workload: str = "chain3") -> RunIdentity:
+    return RunIdentity(
+        workload=workload, num_tasks=4, rate_per_s=RATES[load], seed=seed, scheduler=scheduler,
+        preset="a100-qwen32b", kv_budget_tokens=18_692,
+    )  # fmt: skip
+
+
+def write_one(
+    root: Path,
+    scheduler: str,
+    seed: int,
+    jcts: list[float],
+    *,
+    load: float = 0.8,
+    digest: str | None = None,
+    workload: str = "chain3",
+) -> Path:
+    ident = identity(scheduler, seed, load, workload)
+    arrival = [float(i) for i in range(len(jcts))]
+    tasks = pd.DataFrame({
+        "task_id": [f"t{i:04d}" for i in range(len(jcts))], "workflow": workload,
+        "arrival_s": arrival, "finish_s": [a + j for a, j in zip(arrival, jcts, strict=True)],
+        "jct_s": [float(j) for j in jcts], "stages": 3, "attained_s": 1.0,
+    })  # fmt: skip
+    timeline = pd.DataFrame(
+        [(0.0, "prefill", 1, 1.0, 1, 100, 5000, 4000, 1000, 2, "A"),
+         (1.0, "decode", 10, 4.0, 2, 20, 9000, 8000, 1000, 1, "A|B"),
+         (5.0, "prefill", 1, 2.0, 1, 100, 12000, 9000, 3000, 0, "B|C"),
+         (7.0, "decode", 5, 3.0, 1, 5, 6000, 5000, 1000, 0, "")],
+        columns=TIMELINE_COLUMNS,
+    )  # fmt: skip
+    decisions = pd.DataFrame(
+        [(float(i), w, 1, 1, 0) for i, w in enumerate(DECISION_WALL_S)], columns=DECISION_COLUMNS
+    )
+    tables = {
+        "tasks": tasks, "requests": pd.DataFrame(columns=REQUEST_COLUMNS),
+        "timeline": timeline, "decisions": decisions,
+    }  # fmt: skip
+    info = {
+        "summary": {}, "counters": COUNTERS[seed % 2], "sim_time_s": 100.0, "wall_s": 0.1,
+        "load": load, "capacity_tps": RATES[load] / load,
+        "workload_digest": digest or f"{workload}-{load}-{seed}",
+    }  # fmt: skip
+    run_dir = ident.run_dir(root)
+    write_run(run_dir, ident, tables, info)
+    return run_dir
+
+
+def write_fixture(root: Path) -> Path:
+    for load in (0.8, 0.6):
+        for scheduler, per_seed in JCTS.items():
+            if load == 0.6 and scheduler == "topas-base":
+                continue
+            for seed, jcts in enumerate(per_seed):
+                scale = 0.8 if load == 0.6 else 1.0
+                write_one(root, scheduler, seed, [j * scale for j in jcts], load=load)
+    return root
