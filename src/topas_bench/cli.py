@@ -25,6 +25,7 @@ from rich.progress import (
 )
 
 from topas_bench.errors import TopasError
+from topas_bench.recorder.cli import trace_app
 from topas_bench.workloads.trace import TraceError
 
 app = typer.Typer(
@@ -42,6 +43,7 @@ presets_app = typer.Typer(no_args_is_help=True, help="List and show hardware/mod
 app.add_typer(workloads_app, name="workloads")
 app.add_typer(schedulers_app, name="schedulers")
 app.add_typer(presets_app, name="presets")
+app.add_typer(trace_app, name="trace")
 
 # Wide enough for the JCT table when output is piped (rich assumes 80 columns there).
 # emoji=False: rich would render segment keys like `agent:A:4096` as emoji (`:a:`).

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -173,10 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reviews", default="LBTM,LGTM", help="review verdicts, cycled")
     args = ap.parse_args(argv)
     reviews = tuple(v.strip() for v in args.reviews.split(",") if v.strip())
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.port, Script(max(1, args.files), reviews)))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

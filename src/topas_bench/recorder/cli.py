@@ -1,0 +1,133 @@
+"""`topas-bench trace ...`: import recorded MetaGPT call traces, record new ones.
+
+Registered in `topas_bench.cli` as a sub-app. The shared consoles and error handling of
+`topas_bench.cli` are imported when a command runs (no import cycle at load time).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, ParamSpec, TypeVar
+
+import typer
+
+from topas_bench.workloads.model import Workload
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+trace_app = typer.Typer(
+    no_args_is_help=True,
+    help="Recorded MetaGPT call traces: import them as workloads, record new ones.",
+)
+
+
+def _handled(fn: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        from topas_bench.cli import handles_errors
+
+        return handles_errors(fn)(*args, **kwargs)
+
+    return wrapper
+
+
+def _default_out(path: Path) -> Path:
+    return Path(path.name.removesuffix(".jsonl") + ".workload.jsonl")
+
+
+def _write(w: Workload, output: Path) -> None:
+    from topas_bench.cli import out
+    from topas_bench.workloads.trace import dump_workload
+
+    dump_workload(w, output)
+    calls = sum(len(t.stages) for t in w.tasks)
+    prefixes = ", ".join(f"{a.name} {a.prefix_tokens}" for a in w.agents)
+    out.print(f"wrote {output}: {len(w.tasks)} task(s), {calls} calls; agent prefixes: {prefixes}")
+
+
+@trace_app.command("import")
+@_handled
+def trace_import(
+    file: Annotated[Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).")],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="Workload trace to write (default: <FILE>.workload.jsonl here)."
+        ),
+    ] = None,
+    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Replicate the job as N tasks.")] = 1,
+    rate: Annotated[
+        float | None, typer.Option(help="Poisson arrival rate of the N tasks, tasks/s.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the arrivals.")] = 0,
+    prefix_mode: Annotated[
+        str, typer.Option(help="`faithful` (as recorded) or `cache-friendly` (timestamps frozen).")
+    ] = "faithful",
+    kv_budget: Annotated[
+        int | None, typer.Option("--kv-budget", help="Also check every call fits this KV budget.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Workload name (default: FILE's stem).")] = None,
+) -> None:
+    """Turn a recorded MetaGPT call trace into a validated workload trace.
+
+    Examples:
+      topas-bench trace import sop-2048-offline.jsonl
+      topas-bench trace import tl-2048-offline.jsonl -n 50 --rate 0.002 -o tl50.jsonl
+    """
+    from topas_bench.workloads.metagpt_import import import_trace
+
+    w = import_trace(
+        file, num_tasks=tasks, rate_per_s=rate, seed=seed, prefix_mode=prefix_mode, name=name,
+        kv_budget_tokens=kv_budget,
+    )  # fmt: skip
+    _write(w, output or _default_out(file))
+
+
+@trace_app.command("record")
+@_handled
+def trace_record(
+    idea: Annotated[str, typer.Option(help="The one-line software idea to build.")],
+    base_url: Annotated[
+        str, typer.Option(help="OpenAI-compatible server, e.g. http://host:30000/v1.")
+    ],
+    model: Annotated[str, typer.Option(help="Model name the server serves.")],
+    workflow: Annotated[str, typer.Option(help="`sop` (MetaGPT 0.8.2) or `tl` (main).")] = "sop",
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Call trace to write (JSONL).")
+    ] = Path("metagpt-calls.jsonl"),
+    workload_output: Annotated[
+        Path | None, typer.Option(help="Imported workload (default: <OUTPUT>.workload.jsonl here).")
+    ] = None,
+    keep_text: Annotated[bool, typer.Option(help="Also store prompts and completions.")] = False,
+    run_tests: Annotated[bool, typer.Option(help="sop: hire the QaEngineer too.")] = False,
+    api_key: Annotated[str, typer.Option(help="API key sent to the server.")] = "sk-none",
+    metagpt_src: Annotated[
+        Path | None, typer.Option(help="tl: a checkout of MetaGPT's main branch.")
+    ] = None,
+    metagpt_venv: Annotated[
+        Path | None, typer.Option(help="MetaGPT venv (default: .venvs/metagpt).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
+) -> None:
+    """Run MetaGPT's software company in its venv, record every LLM call, import the trace.
+
+    Needs `make metagpt-env` once. Prompt text is kept only with --keep-text.
+
+    Example:
+      topas-bench trace record --idea "a 2048 game" --base-url http://127.0.0.1:30000/v1 \\
+        --model qwen -o calls.jsonl
+    """
+    from topas_bench.cli import out
+    from topas_bench.recorder.record import record
+    from topas_bench.workloads.metagpt_import import import_trace
+
+    rec = record(
+        workflow=workflow, idea=idea, base_url=base_url, model=model, out=output,
+        api_key=api_key, keep_text=keep_text, run_tests=run_tests, metagpt_src=metagpt_src,
+        venv=metagpt_venv, timeout_s=timeout,
+    )  # fmt: skip
+    out.print(f"recorded {rec.calls} calls into {rec.out} (MetaGPT log: {rec.log})")
+    _write(import_trace(rec.out), workload_output or _default_out(rec.out))
