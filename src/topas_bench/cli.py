@@ -200,6 +200,82 @@ def _advance(progress: Progress, bar: TaskID) -> Callable[[int], None]:
     return update
 
 
+# -- tune -----------------------------------------------------------------------------------
+@app.command()
+@handles_errors
+def tune(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="Workload to tune on.")],
+    scheduler: Annotated[str, typer.Option("--scheduler", "-s", help="A TOPAS variant.")] = "topas",
+    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Tasks per tuning run.")] = 150,
+    seeds: Annotated[
+        str, typer.Option(help="Tuning seeds (disjoint from evaluation seeds 0-4).")
+    ] = "101,102,103",
+    load: Annotated[float | None, typer.Option(help="Load as a fraction of capacity.")] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="Arrival rate, tasks/s (default: the workload's).")
+    ] = None,
+    preset: Annotated[str, typer.Option(help="Preset.")] = "a100-qwen32b",
+    kv_budget: Annotated[
+        int | None, typer.Option("--kv-budget", help="KV budget in tokens.")
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            help="Grid for one parameter, name=v1,v2,... (repeatable; replaces the default grid).",
+        ),
+    ] = None,
+    passes: Annotated[int, typer.Option(help="Coordinate-descent rounds.")] = 1,
+    jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 2,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Where tuning runs are stored (resumable).")
+    ] = Path("runs/tune"),
+) -> None:
+    """Search TOPAS's parameters on tuning seeds; print the best setting and what it moved.
+
+    The objective is the mean of (mean JCT, p99 JCT), each relative to the best baseline on the
+    same sample, averaged over the tuning seeds. Coordinate descent over a grid.
+
+    Examples:
+      topas-bench tune --workload metagpt-tl
+      topas-bench tune -w dag4 --param beta=0,0.5,1 --param preempt_margin_s=5,20 --passes 2
+    """
+    from topas_bench.tune import DEFAULT_GRID, TuneSpec
+    from topas_bench.tune import tune as run_tune
+
+    grid: dict[str, tuple[Any, ...]] = dict(DEFAULT_GRID)
+    if param:
+        grid = {}
+        for item in param:
+            name, sep, values = item.partition("=")
+            if not sep or not name.strip() or not values.strip():
+                raise TopasError(f"--param expects name=v1,v2,..., got {item!r}")
+            grid[name.strip()] = tuple(
+                parse_assignments([f"v={v}"], "--param")["v"] for v in values.split(",")
+            )
+    try:
+        seed_list = tuple(int(x) for x in seeds.split(","))
+    except ValueError:
+        raise TopasError(f"--seeds expects comma-separated integers, got {seeds!r}") from None
+    spec = TuneSpec(
+        workload=workload, scheduler=scheduler, num_tasks=tasks, seeds=seed_list, load=load,
+        rate_per_s=rate, preset=preset, kv_budget_tokens=kv_budget, grid=grid, passes=passes,
+        jobs=jobs, out=out_dir,
+    )  # fmt: skip
+    result = run_tune(spec, progress=lambda msg: err.print(msg, markup=False))
+    b, d = result.best, result.default
+    settings = " ".join(f"--scheduler-param {scheduler}.{k}={v}" for k, v in b.params.items())
+    out.print(f"best setting on {workload} (seeds {seeds}): {settings or 'the defaults'}")
+    out.print(
+        f"  vs best baseline: mean x{b.mean_ratio:.3f}, p99 x{b.p99_ratio:.3f} "
+        f"(defaults: mean x{d.mean_ratio:.3f}, p99 x{d.p99_ratio:.3f})"
+    )
+    out.print(
+        f"  vs defaults: mean {100 * (b.mean_ratio / d.mean_ratio - 1):+.1f}%, "
+        f"p99 {100 * (b.p99_ratio / d.p99_ratio - 1):+.1f}%"
+    )
+
+
 # -- workloads ---------------------------------------------------------------------------------
 @workloads_app.command("list")
 @handles_errors

@@ -30,6 +30,7 @@ class Candidate:
     need: int  # admission need + lock cost of its matched path
     prefix_unlocked: int  # the agent-prefix part of that lock cost (0 if not resident/locked)
     resident: bool  # its agent prefix is on the GPU
+    urgent: bool = False  # has waited past the starvation limit: ranked first, blocks backfill
 
     @property
     def net(self) -> float:
@@ -68,7 +69,8 @@ class PackInputs:
 
 def greedy_pack(inp: PackInputs, keep: frozenset[str]) -> Pack:
     """Admit by largest net gain while the budget lasts (skipping what does not fit), with
-    at most one preemption to make room for the best candidate that does not fit."""
+    at most one preemption to make room for the best candidate that does not fit. An urgent
+    (starving) candidate that does not fit stops the pack: nothing behind it is backfilled."""
     budget = inp.budget
     budget -= sum(inp.prefix_tokens.get(a, 0) for a in keep if a not in inp.kept_unlocked)
     budget += sum(t for a, t in inp.kept_unlocked.items() if a not in keep)
@@ -77,7 +79,9 @@ def greedy_pack(inp: PackInputs, keep: frozenset[str]) -> Pack:
     pack = Pack()
     victims = list(inp.victims)
     for cand in itertools.islice(inp.ranked, inp.scan):
-        if len(pack.admits) + len(pack.preempts) >= inp.max_actions or cand.net <= 0:
+        if len(pack.admits) + len(pack.preempts) >= inp.max_actions:
+            break
+        if cand.net <= 0 and not cand.urgent:
             break
         if not cand.resident and cand.agent in absent_taken:
             continue
@@ -94,6 +98,8 @@ def greedy_pack(inp: PackInputs, keep: frozenset[str]) -> Pack:
                 pack.value -= victim.keep_value_s
                 budget += victim.frees
         if cost >= budget:
+            if cand.urgent:
+                break  # no backfill past a starving request: memory drains to it
             continue
         budget -= cost
         pack.admits.append(cand)

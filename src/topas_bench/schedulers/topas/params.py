@@ -27,7 +27,12 @@ scan_limit (64): GREEDY-PACK skips requests that do not fit and continues down t
 refresh_limit (128): per decision, at most this many waiting tasks whose paths are stale only
     because the estimator learned since get recomputed (stalest first); a task whose own state
     changed is always recomputed. Bounds decision time for queues of thousands.
-use_reuse / use_aging: the ablation switches.
+starvation_factor (4.0; 0 = off): a request that has waited longer than this many times the
+    mean remaining path of the waiting tasks is promoted to the front, oldest first, and no
+    request behind it is backfilled while it does not fit. Log aging alone cannot bound waits
+    against a greedy pack: a large request that never fits next to a stream of small ones is
+    skipped forever; the barrier lets memory drain to it (bounded by the running requests'
+    residual service).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ class TopasParams:
     use_aging: bool = True
     density: bool = False
     refresh_limit: int = 128
+    starvation_factor: float = 4.0
+    move_stall: bool = False
 
     def __post_init__(self) -> None:
         _at_least("beta", self.beta, 0.0)
@@ -67,6 +74,7 @@ class TopasParams:
         _at_least("preempt_margin_s", self.preempt_margin_s, 0.0)
         _int_at_least("scan_limit", self.scan_limit, 1)
         _int_at_least("refresh_limit", self.refresh_limit, 1)
+        _at_least("starvation_factor", self.starvation_factor, 0.0)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -62,6 +62,7 @@ class Topas(Policy):
         except TypeError as e:
             raise InvalidParameter(f"{self.name}: {e}") from None
         self._credit: dict[int, float] = {}
+        self._starve_limit = math.inf
         self._path_memo: dict[str, tuple[int, int, TaskPath]] = {}
 
     @property
@@ -143,12 +144,15 @@ class Topas(Policy):
             scale = (mean_path / length) ** alpha if length > 0 and alpha else 1.0
             weight[tid] = g * scale * horizon
         move: dict[str, float] = {}
+        # J_move is charged to each affected task: the admitted one, and (with move_stall)
+        # every task whose running request stalls while the prefix is recomputed or loaded.
+        affected = 1 + (len({r.task_id for r in view.running}) if self.p.move_stall else 0)
         scan = max(self.p.scan_limit, 4 * self.p.max_actions)
         heap: list[tuple[float, float, int, float, float, RequestView]] = []
         for r in waiting:
             m = move.get(r.agent)
             if m is None:
-                m = move[r.agent] = view.reload_s(r.agent)
+                m = move[r.agent] = view.reload_s(r.agent) * affected
             tid = r.task_id
             gain = weight[tid] * paths[tid].delta_share[r.stage_id]
             # max-heap on the sort key (net desc, queued asc, rid asc) via negation
@@ -158,9 +162,25 @@ class Topas(Policy):
             elif item[:3] > heap[0][:3]:
                 heapq.heapreplace(heap, item)
         heap.sort(reverse=True)
+        chosen = [(gain, m, r, False) for _, _, _, gain, m, r in heap]
+        self._starve_limit = math.inf
+        if self.p.starvation_factor > 0:
+            # Requests sent longer ago than starvation_factor x the mean remaining path go
+            # first, oldest first, and block backfilling until they fit (`greedy_pack`); once
+            # running they are not preempted (`_victims`).
+            limit = self._starve_limit = self.p.starvation_factor * mean_path
+            urgent = sorted(
+                (r for r in waiting if now - r.ready_s > limit), key=lambda r: (r.ready_s, r.rid)
+            )
+            if urgent:
+                first = {r.rid for r in urgent}
+                gains = {r.rid: (gain, m) for gain, m, r, _ in chosen}
+                chosen = [
+                    (*gains.get(r.rid, (0.0, move.get(r.agent, 0.0))), r, True) for r in urgent
+                ] + [c for c in chosen if c[2].rid not in first]
         prefixes = {p.agent: p for p in view.prefixes()}
         out = []
-        for _, _, _, gain, m, r in heap:
+        for gain, m, r, is_urgent in chosen:
             p = prefixes.get(r.agent)
             resident = p is not None and p.where == PrefixLocation.GPU
             unlocked = p.tokens if p is not None and resident and p.locks == 0 and not p.kept else 0
@@ -173,6 +193,7 @@ class Topas(Policy):
                     need=view.admission_need(r) + view.lock_cost(r),
                     prefix_unlocked=unlocked,
                     resident=resident,
+                    urgent=is_urgent,
                 )
             )
         return out
@@ -224,6 +245,8 @@ class Topas(Policy):
         agents = Counter(r.agent for r in view.running)
         victims = []
         for r in view.running:
+            if view.now_s - r.ready_s > self._starve_limit:
+                continue  # a request past the starvation limit keeps its place
             shared = prefixes[r.agent].tokens if r.agent in prefixes and agents[r.agent] > 1 else 0
             frees = r.prompt_tokens + r.generated - shared
             frees += int(est.residual_tokens(r.agent, r.kind, r.generated))
