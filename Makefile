@@ -15,7 +15,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml requirements/constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e '.[dev,figures]'
+	$(PIP) -e '.[dev,figures,ray]'
 	touch $@
 
 ## run: the main job: every scheduler on metagpt-tl in the simulator, then the JCT table
@@ -38,6 +38,29 @@ pytest: $(VENV)/.installed-dev
 ## bench: simulator speed (simulated seconds per wall second, iterations per second)
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_sim.py
+
+## figures: results/report.md and results/figures/ from the committed results/reference/
+figures: $(VENV)/.installed-dev
+	$(BIN)/topas-bench report results/reference --out results --quiet
+	$(BIN)/topas-bench figures results/reference --out results/figures
+
+## reference: rerun the reference sweep (results/reference.toml) from scratch, then `figures`
+reference: $(VENV)/.installed-dev
+	rm -rf results/reference
+	$(BIN)/topas-bench sweep --config results/reference.toml --out results/reference --compact
+	$(MAKE) figures
+
+## nightly: rerun the reference sweep at the reference's rates, report, compare, draw figures
+NIGHTLY_OUT ?= runs/nightly
+TOLERANCE   ?= 0.05
+nightly: $(VENV)/.installed-dev
+	mkdir -p $(NIGHTLY_OUT) && cp results/reference/capacity.json $(NIGHTLY_OUT)/
+	$(BIN)/topas-bench sweep --config results/reference.toml --out $(NIGHTLY_OUT)
+	$(BIN)/topas-bench report $(NIGHTLY_OUT) --quiet
+	$(BIN)/topas-bench figures $(NIGHTLY_OUT) --out $(NIGHTLY_OUT)/figures
+	$(BIN)/topas-bench compare $(NIGHTLY_OUT) results/reference --tolerance $(TOLERANCE)
+
+.PHONY: reference nightly
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -28,8 +28,10 @@ JCTS = {
     "topas-base": ([12, 12, 24, 48], [12, 24, 24, 36]),
 }
 DECISION_WALL_S = [0.001, 0.002, 0.003]
-COUNTERS = ({"admitted_prompt_tokens": 100.0, "cached_prompt_tokens": 50.0, "preemptions": 2.0},
-            {"admitted_prompt_tokens": 100.0, "cached_prompt_tokens": 30.0, "preemptions": 4.0})  # fmt: skip
+COUNTERS = (
+    {"admitted_prompt_tokens": 100.0, "cached_prompt_tokens": 50.0, "preemptions": 2.0},
+    {"admitted_prompt_tokens": 100.0, "cached_prompt_tokens": 30.0, "preemptions": 4.0},
+)
 RATES = {0.8: 0.2, 0.6: 0.15}
 
 

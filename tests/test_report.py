@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from results_fixture import DECISION_WALL_S, identity, write_fixture, write_one
 from typer.testing import CliRunner
 
+from results_fixture import DECISION_WALL_S, identity, write_fixture, write_one
 from topas_bench.analysis.bootstrap import mean_ci, reduction_ci
 from topas_bench.analysis.collect import collect
 from topas_bench.analysis.figures import write_figures

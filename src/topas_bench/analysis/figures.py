@@ -53,8 +53,9 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
-    def save(fig: Any, name: str) -> None:
-        fig.tight_layout()
+    def save(fig: Any, name: str, layout: bool = True) -> None:
+        if layout:  # a seaborn grid lays itself out around its legend
+            fig.tight_layout()
         for ext, meta in (("png", {"Software": None}), ("svg", {"Date": None})):
             path = out / f"{name}.{ext}"
             fig.savefig(path, dpi=110, metadata=meta)
@@ -75,7 +76,7 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
             save(fig, f"timeline_{row['workload']}")
     abl = _ablations(rep.rows, main)
     if not abl.empty:
-        save(_ablation_bars(plt, abl), "ablation")
+        save(_ablation_bars(plt, abl), "ablation", layout=False)
     return written
 
 
@@ -105,6 +106,7 @@ def _cdf(plt: Any, coll: Collection, rows: pd.DataFrame, palette: dict[str, Any]
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
     for ax, (gkey, g) in zip(axes[0], groups, strict=True):
         runs = coll.runs[(coll.runs["group"] == gkey) & coll.runs["scheduler"].isin(MAIN)]
+        runs = runs.sort_values("scheduler", key=lambda c: c.map(MAIN.index), kind="stable")
         for sched, r in runs.groupby("scheduler", sort=False):
             seeds = g[g["scheduler"] == sched]["seeds"]
             keep = {int(s) for s in str(seeds.iloc[0]).split(",")} if len(seeds) else set()
@@ -158,7 +160,7 @@ def _vs_load(plt: Any, rows: pd.DataFrame, palette: dict[str, Any]) -> Any:
             for sched, s in d.groupby("scheduler", sort=False):
                 s = s.sort_values("load")
                 ax.plot(s["load"], s[col], marker="o", label=sched, color=palette[str(sched)])
-                ax.fill_between(s["load"], s[f"{col}_lo"], s[f"{col}_hi"], alpha=0.15,
+                ax.fill_between(s["load"], s[f"{col}_lo"], s[f"{col}_hi"], alpha=0.08,
                                 color=palette[str(sched)])  # fmt: skip
             ax.set(title=f"{w}: {col.split('_')[0]} JCT", xlabel="load (x capacity)", ylabel="s")
             ax.legend(fontsize=7)
@@ -250,8 +252,12 @@ def _ablation_bars(plt: Any, abl: pd.DataFrame) -> Any:
     df = pd.DataFrame(rel)
     g = sns.catplot(data=df, kind="bar", x="workload", y="relative JCT", hue="scheduler",
                     col="metric", height=3.6, aspect=1.4, errorbar=None)  # fmt: skip
+    lo, hi = float(df["relative JCT"].min()), float(df["relative JCT"].max())
+    pad = max(0.02, (hi - lo) * 0.15)
     for ax in g.axes.flat:
+        ax.set_ylim(min(lo, 1.0) - pad, max(hi, 1.0) + pad)  # the differences, not the bulk
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.tick_params(axis="x", rotation=30)
     g.figure.suptitle("TOPAS ablations: JCT relative to topas (lower is better)")
+    g.tight_layout()
     return g.figure

@@ -160,7 +160,8 @@ def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
         raise TopasError(f"{source}: `workloads` is missing")
     names: list[str] = []
     for item in _list(source, "schedulers", raw.get("schedulers", "all"), str):
-        names += [n for n in parse_schedulers(item) if n not in names]  # groups expand in place
+        for part in item.split(",") or [""]:  # groups expand in place: "baselines,topas"
+            names += [n for n in parse_schedulers(part) if n not in names]
     schedulers = tuple(names)
     kv = [None if b == "derived" else b for b in _list(source, "kv_budgets",
           raw.get("kv_budgets", ["derived"]), (int, str))]  # fmt: skip
