@@ -223,3 +223,19 @@ hook.os._exit(3)
         "llm:", '  api_type: "open_llm"', f'  base_url: "{responder}"',
         '  api_key: "sk-none"', '  model: "m"',
     ]  # fmt: skip
+
+
+def test_tl_source_whose_dependencies_are_missing_fails_clearly(
+    tmp_path: Path, responder: str
+) -> None:
+    """MetaGPT main needs packages the 0.8.2 venv lacks: the hook says which, and record()
+    shows it. (A stand-in checkout; the real one is only on GitHub.)"""
+    src = tmp_path / "MetaGPT"
+    (src / "metagpt" / "roles" / "di").mkdir(parents=True)
+    (src / "metagpt" / "__init__.py").write_text("import htmlmin_is_not_installed_here\n")
+    (src / "metagpt" / "roles" / "di" / "team_leader.py").write_text("")
+    venv = Path(sys.executable).parents[1]  # runs the hook with this interpreter
+    with pytest.raises(TopasError, match="exited with status 2") as e:
+        record(workflow="tl", idea="x", base_url=responder, model="m", metagpt_src=src,
+               out=tmp_path / "c.jsonl", venv=venv, workdir=tmp_path / "w")  # fmt: skip
+    assert "needs the module 'htmlmin_is_not_installed_here'" in str(e.value)

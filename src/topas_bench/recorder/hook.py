@@ -261,11 +261,25 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(args.metagpt_src.resolve()))
     name, encode = offline_tokenizer(Path(os.environ.get("METAGPT_PROJECT_ROOT", ".")) / "tiktoken")
     recorder = Recorder(args.out, encode, name, args.keep_text)
-    install(recorder)
     if args.workflow == "sop":
+        install(recorder)
         run_sop(args.idea, args.run_tests, args.n_round or (8 if args.run_tests else 5))
-    else:
+        print(f"recorder: {len(recorder.calls)} calls", file=sys.stderr)
+        return 0
+    try:
+        import pandas  # noqa: F401  (before MetaGPT main: one of its imports stubs pyarrow)
+
+        install(recorder)
         run_tl(args.idea, args.n_round or 50)
+    except ModuleNotFoundError as e:
+        print(
+            f"recorder: MetaGPT main from {args.metagpt_src} needs the module {e.name!r}, which "
+            "this venv (MetaGPT 0.8.2's pins) lacks: main pins a different dependency set "
+            "(openai 1.64, grep-ast, tree-sitter, lancedb 0.4.0, ...): give --metagpt-venv a venv "
+            "built from that checkout's requirements.",
+            file=sys.stderr,
+        )
+        return 2
     print(f"recorder: {len(recorder.calls)} calls", file=sys.stderr)
     return 0
 
