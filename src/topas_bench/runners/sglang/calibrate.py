@@ -1,0 +1,193 @@
+"""`topas-bench calibrate`: fit the cost model's efficiencies and overheads to an SGLang log.
+
+SGLang 0.5.23 logs one line per prefill batch and one per `--decode-log-interval` (40) decode
+steps (`managers/scheduler_components/metrics_reporter.py`):
+
+    [2026-11-29 20:40:01 TP0] Prefill batch, #new-seq: 2, #new-token: 4096, #cached-token: 512,
+        token usage: 0.21, #running-req: 3, #queue-req: 5, ..., input throughput (token/s): 1.2e4
+    [2026-11-29 20:40:02 TP0] Decode batch, #running-req: 5, #token: 12345, token usage: 0.60,
+        ..., gen throughput (token/s): 678.90, #queue-req: 2
+
+Decode: a step of the logged batch takes `running / gen throughput` seconds (the throughput is
+measured over the last interval) with `#token` KV tokens of context. In the cost model a decode
+step is memory-bound on every GPU we model:
+`T = c_step + c_layer L + c_req B + W/(BW eta_w) + kv_bytes ctx/(BW eta_kv)`, linear in
+(1, B, ctx): least squares gives c_req, eta_kv and, with the preset's c_step and c_layer kept
+(one intercept cannot separate them from eta_w), eta_w.
+Prefill: a prefill line's time is `#new-token / input throughput`, where SGLang measures the
+throughput over the time since the previous prefill line; under load, prefill batches run back
+to back and this is the batch's time. Lines of at least `min_prefill_tokens` new tokens are
+compute-bound; each gives an eta_c, and the median is kept (robust to lines whose interval
+included decode steps).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from topas_bench.errors import TopasError
+from topas_bench.runners.sim.cost import CostModel, Efficiency, Preset
+from topas_bench.runners.sim.records import TIMELINE_COLUMNS
+
+_TIME = r"\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})[^\]]*\]\s+"
+PREFILL = re.compile(
+    _TIME + r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<new>\d+), "
+    r"#cached-token: (?P<cached>\d+), .*?#running-req: (?P<running>\d+), "
+    r"#queue-req: (?P<queue>\d+), .*?input throughput \(token/s\): (?P<tput>[0-9.]+)"
+)
+DECODE = re.compile(
+    _TIME + r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+), #token: (?P<tokens>\d+), "
+    r".*?gen throughput \(token/s\): (?P<tput>[0-9.]+), #queue-req: (?P<queue>\d+)"
+)
+
+
+@dataclass(frozen=True)
+class LogBatches:
+    prefill: pd.DataFrame  # t_s, seqs, new, cached, running, queue, duration_s
+    decode: pd.DataFrame  # t_s, running, tokens, queue, step_s
+
+
+def parse_log(text: str) -> LogBatches:
+    """Prefill and decode batch lines of an SGLang server log (other lines are ignored)."""
+    pre: list[tuple[float, ...]] = []
+    dec: list[tuple[float, ...]] = []
+    t0: datetime | None = None
+    for line in text.splitlines():
+        m = PREFILL.search(line) or DECODE.search(line)
+        if m is None:
+            continue
+        t = datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S")
+        t0 = t0 or t
+        ts = (t - t0).total_seconds()
+        tput = float(m["tput"])
+        if m.re is PREFILL:
+            new = int(m["new"])
+            dur = new / tput if tput > 0 else math.nan
+            pre.append((ts, int(m["seqs"]), new, int(m["cached"]), int(m["running"]),
+                        int(m["queue"]), dur))  # fmt: skip
+        else:
+            running = int(m["running"])
+            step = running / tput if tput > 0 else math.nan
+            dec.append((ts, running, int(m["tokens"]), int(m["queue"]), step))
+    return LogBatches(
+        pd.DataFrame(
+            pre, columns=["t_s", "seqs", "new", "cached", "running", "queue", "duration_s"]
+        ),
+        pd.DataFrame(dec, columns=["t_s", "running", "tokens", "queue", "step_s"]),
+    )
+
+
+@dataclass(frozen=True)
+class Fit:
+    efficiency: Efficiency
+    decode_lines: int
+    prefill_lines: int
+    decode_rel_err: float  # median |model - measured| / measured over decode lines, after fit
+    prefill_rel_err: float
+
+
+def fit(
+    batches: LogBatches, preset: Preset, min_prefill_tokens: int = 1024, min_decode_lines: int = 3
+) -> Fit:
+    """Refit `preset`'s efficiencies and overheads to the measured batches."""
+    d = batches.decode.dropna()
+    d = d[d["step_s"] > 0]
+    if len(d) < min_decode_lines:
+        raise TopasError(
+            f"the log has {len(d)} usable decode batch lines; calibration needs at least "
+            f"{min_decode_lines} (serve some load with the server's default logging first)"
+        )
+    g, m, e = preset.gpu, preset.model, preset.efficiency
+    bw = g.hbm_tbps * 1e12
+    x = np.column_stack(
+        [np.ones(len(d)), d["running"].to_numpy(float), d["tokens"].to_numpy(float)]
+    )
+    coef, *_ = np.linalg.lstsq(x, d["step_s"].to_numpy(float), rcond=None)
+    intercept, per_req, per_token = (float(c) for c in coef)
+    fixed_s = (e.c_step_us + e.c_layer_us * m.n_layers) * 1e-6
+    eta_w = _fraction(m.weight_gb * 1e9 / (bw * (intercept - fixed_s)), e.eta_w)
+    eta_kv = _fraction(preset.kv_bytes_per_token / (bw * per_token), e.eta_kv)
+    c_req_us = max(per_req * 1e6, 0.0)
+    p = batches.prefill.dropna()
+    p = p[(p["new"] >= min_prefill_tokens) & (p["duration_s"] > 0)]
+    eta_c = e.eta_c
+    if len(p):
+        flops = 2.0 * m.params_b * 1e9 * p["new"] + 4.0 * m.n_q_heads * m.head_dim * m.n_layers * (
+            p["new"] * p["cached"] + p["new"] * (p["new"] + 1) / 2 / p["seqs"].clip(lower=1)
+        )
+        overhead = fixed_s + c_req_us * 1e-6 * p["seqs"]
+        compute_s = (p["duration_s"] - overhead).clip(lower=1e-9)
+        eta_c = _fraction(float(np.median(flops / (g.peak_tflops * 1e12 * compute_s))), e.eta_c)
+    eff = replace(e, eta_c=eta_c, eta_w=eta_w, eta_kv=eta_kv, c_req_us=round(c_req_us, 3))
+    cost = CostModel(replace(preset, efficiency=eff))
+    dec_err = [
+        abs(cost.decode_step_s(int(b), int(c)) - s) / s
+        for b, c, s in zip(d["running"], d["tokens"], d["step_s"], strict=True)
+    ]
+    pre_err = [
+        abs(cost.prefill_s([(int(c), int(n))]) - t) / t
+        for n, c, t in zip(p["new"], p["cached"], p["duration_s"], strict=True)
+    ]
+    return Fit(
+        eff, len(d), len(p), float(np.median(dec_err)),
+        float(np.median(pre_err)) if pre_err else math.nan,
+    )  # fmt: skip
+
+
+def _fraction(x: float, fallback: float) -> float:
+    """An efficiency in (0, 1]; a non-physical fit keeps the preset's value."""
+    return round(x, 4) if math.isfinite(x) and 0.0 < x <= 1.0 else fallback
+
+
+def preset_toml(preset: Preset, eff: Efficiency, name: str, source: str) -> str:
+    """A preset file (the packaged presets' schema) with the fitted `[efficiency]`."""
+    g, m = preset.gpu, preset.model
+    return "\n".join([
+        f"# Calibrated by `topas-bench calibrate` from {source}, starting from {preset.name}.",
+        f'name = "{name}"',
+        f'description = "{preset.description} (calibrated)"',
+        "", "[gpu]", f'name = "{g.name}"', f"peak_tflops = {g.peak_tflops}",
+        f"hbm_tbps = {g.hbm_tbps}", f"memory_gb = {g.memory_gb}",
+        f"host_link_gbps = {g.host_link_gbps}",
+        "", "[model]", f'name = "{m.name}"', f"params_b = {m.params_b}",
+        f"n_layers = {m.n_layers}", f"n_q_heads = {m.n_q_heads}", f"n_kv_heads = {m.n_kv_heads}",
+        f"head_dim = {m.head_dim}", f"weight_gb = {m.weight_gb}",
+        "", "[efficiency]", f"eta_c = {eff.eta_c}", f"eta_w = {eff.eta_w}",
+        f"eta_kv = {eff.eta_kv}", f"c_step_us = {eff.c_step_us}", f"c_layer_us = {eff.c_layer_us}",
+        f"c_req_us = {eff.c_req_us}",
+        "", "[serving]", f"mem_fraction_static = {preset.mem_fraction_static}", "",
+    ])  # fmt: skip
+
+
+def timeline_from_log(text: str) -> pd.DataFrame:
+    """The run's `timeline.parquet` from its server log (one row per logged batch line)."""
+    b = parse_log(text)
+    rows: list[tuple[Any, ...]] = [
+        (r.t_s, "prefill", 1, r.duration_s, r.seqs, r.new, math.nan, math.nan, math.nan,
+         r.queue, "")
+        for r in b.prefill.itertuples()
+    ] + [
+        (r.t_s, "decode", 1, r.step_s, r.running, r.running, r.tokens, math.nan, math.nan,
+         r.queue, "")
+        for r in b.decode.itertuples()
+    ]  # fmt: skip
+    rows.sort(key=lambda x: float(x[0]))
+    return pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
+
+
+def calibrate_file(log: Path, preset: Preset, out: Path, name: str | None = None) -> Fit:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError as e:
+        raise TopasError(f"cannot read log {log}: {e.strerror}") from None
+    result = fit(parse_log(text), preset)
+    out.write_text(preset_toml(preset, result.efficiency, name or out.stem, str(log)))
+    return result

@@ -1,0 +1,258 @@
+"""The workflow client: runs a workload's task DAGs against an OpenAI-compatible server.
+
+asyncio throughout. Each task starts at its arrival time (relative to the run's start); each
+stage is sent `delay_s` after its last dependency finishes, as a streaming `/v1/completions`
+request whose prompt has the exact per-segment token counts (`prompts.PromptBuilder`), with
+`max_tokens` = the stage's output length and `ignore_eos`, so outputs have exact lengths. The
+first streamed token gives TTFT; the final usage block gives the token counts, which are
+checked against the workload.
+
+Robustness: at most `concurrency` requests in flight; each attempt has a timeout; transient
+failures (connection errors, timeouts, HTTP 429/5xx: e.g. a server restarting) are retried with
+exponential backoff; a request that still fails is recorded with its error as status, never
+dropped, and the stages after it in its task are recorded as skipped.
+
+Records carry the simulator's request columns (`runners.sim.records.REQUEST_COLUMNS`). What a
+client cannot see (admission times, preemptions) is NaN; cached tokens come from the server's
+`usage.prompt_tokens_details.cached_tokens` when it reports them, else NaN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from topas_bench.runners.sglang import metadata
+from topas_bench.runners.sglang.http import RequestError, TransientError, stream_events
+from topas_bench.runners.sglang.prompts import PromptBuilder
+from topas_bench.workloads.model import Stage, Task, Workload
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How the client talks to the server.
+
+    base_url: e.g. http://127.0.0.1:30000 (no trailing /v1).
+    model: the `model` field of requests (the served model's name or path).
+    concurrency: requests in flight at most (the rest wait client-side, counted in their TTFT).
+    request_timeout_s: per attempt, from send to the last streamed token.
+    retries: extra attempts after a transient failure; backoff_s doubles after each.
+    """
+
+    base_url: str
+    model: str
+    concurrency: int = 256
+    request_timeout_s: float = 600.0
+    retries: int = 4
+    backoff_s: float = 0.5
+    tag_requests: bool = True
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+
+
+@dataclass
+class RequestRecord:
+    request_id: int
+    task_id: str
+    stage_id: str
+    agent: str
+    kind: str
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: float
+    ready_s: float
+    first_token_s: float
+    finish_s: float
+    status: str
+    attempts: int
+
+    def row(self) -> tuple[Any, ...]:
+        """In `REQUEST_COLUMNS` order."""
+        service = self.finish_s - self.ready_s if self.status == "ok" else NAN
+        return (
+            self.request_id, self.task_id, self.stage_id, self.agent, self.kind,
+            self.prompt_tokens, self.output_tokens, self.cached_tokens, self.ready_s, NAN, NAN,
+            self.first_token_s, self.finish_s, NAN, service, self.status,
+        )  # fmt: skip
+
+
+@dataclass
+class TaskRecord:
+    task_id: str
+    workflow: str
+    arrival_s: float
+    finish_s: float
+    stages: int
+    attained_s: float
+    ok: bool
+
+    def row(self) -> tuple[Any, ...]:
+        """In `TASK_COLUMNS` order."""
+        return (
+            self.task_id, self.workflow, self.arrival_s, self.finish_s,
+            self.finish_s - self.arrival_s, self.stages, self.attained_s,
+        )  # fmt: skip
+
+
+class WorkflowClient:
+    """Runs tasks; `on_task` is called with each finished (or failed) task and its requests."""
+
+    def __init__(
+        self,
+        cfg: ClientConfig,
+        builder: PromptBuilder,
+        on_task: Callable[[TaskRecord, list[RequestRecord]], None] | None = None,
+        prefix_tokens: dict[str, int] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.builder = builder
+        self.on_task = on_task
+        self.prefix_tokens = prefix_tokens or {}
+        self._sem = asyncio.Semaphore(cfg.concurrency)
+        self._ids = itertools.count()
+        self._t0 = 0.0
+        self._unix0 = 0.0
+
+    async def run(self, tasks: tuple[Task, ...] | list[Task], start_offset_s: float = 0.0) -> None:
+        """Run `tasks`, each at `arrival_s - start_offset_s` seconds after now."""
+        self._t0 = time.monotonic()
+        self._unix0 = time.time()
+        await asyncio.gather(*(self._task(t, t.arrival_s - start_offset_s) for t in tasks))
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    async def _task(self, task: Task, at_s: float) -> None:
+        await asyncio.sleep(max(at_s - self.now(), 0.0))
+        arrival = self.now()
+        done: dict[str, asyncio.Future[bool]] = {
+            s.id: asyncio.get_running_loop().create_future() for s in task.stages
+        }
+        records: list[RequestRecord] = []
+
+        async def stage(st: Stage) -> None:
+            ok = all([await done[d] for d in st.deps])
+            if not ok:
+                rec = self._skipped(st, task)
+            else:
+                await asyncio.sleep(st.delay_s)
+                rec = await self._request(task, st, arrival)
+            records.append(rec)
+            done[st.id].set_result(rec.status == "ok")
+
+        await asyncio.gather(*(stage(s) for s in task.stages))
+        ok = all(r.status == "ok" for r in records)
+        finish = max((r.finish_s for r in records if r.status == "ok"), default=NAN)
+        attained = sum(r.finish_s - r.ready_s for r in records if r.status == "ok")
+        rec_task = TaskRecord(
+            task.id, task.workflow, arrival, finish if ok else NAN, len(task.stages), attained, ok
+        )
+        if self.on_task is not None:
+            self.on_task(rec_task, sorted(records, key=lambda r: r.request_id))
+
+    def _skipped(self, st: Stage, task: Task) -> RequestRecord:
+        return RequestRecord(
+            next(self._ids), task.id, st.id, st.agent, st.kind, st.prompt_tokens, 0, NAN,
+            self.now(), NAN, NAN, "skipped: a dependency failed", 0,
+        )  # fmt: skip
+
+    def _body(self, task: Task, st: Stage, text: str, arrival_s: float) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.cfg.model,
+            "prompt": text,
+            "max_tokens": st.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.cfg.tag_requests:
+            prefix = self.prefix_tokens.get(st.agent, st.prompt[0].tokens)
+            body["custom_params"] = metadata.encode(task, st, self._unix0 + arrival_s, prefix)
+        return body
+
+    async def _request(self, task: Task, st: Stage, arrival_s: float) -> RequestRecord:
+        rid = next(self._ids)
+        ready = self.now()
+        attempts = 0
+        error = "not sent"
+        async with self._sem:
+            try:
+                text = await self.builder.checked_text(st.prompt)
+            except RequestError as e:
+                return self._failed(rid, task, st, ready, 1, f"error: {e}")
+            body = self._body(task, st, text, arrival_s)
+            url = f"{self.cfg.base_url}/v1/completions"
+            for attempts in range(1, self.cfg.retries + 2):
+                try:
+                    return await self._attempt(rid, task, st, ready, attempts, url, body)
+                except TransientError as e:
+                    error = f"error: {e}"
+                    if attempts <= self.cfg.retries:
+                        await asyncio.sleep(self.cfg.backoff_s * 2 ** (attempts - 1))
+                except RequestError as e:
+                    error = f"error: {e}"
+                    break
+        return self._failed(rid, task, st, ready, attempts, error)
+
+    def _failed(
+        self, rid: int, task: Task, st: Stage, ready: float, attempts: int, error: str
+    ) -> RequestRecord:
+        return RequestRecord(
+            rid, task.id, st.id, st.agent, st.kind, st.prompt_tokens, 0, NAN, ready, NAN,
+            self.now(), error, attempts,
+        )  # fmt: skip
+
+    async def _attempt(
+        self, rid: int, task: Task, st: Stage, ready: float, attempts: int, url: str,
+        body: dict[str, Any],
+    ) -> RequestRecord:  # fmt: skip
+        first = NAN
+        usage: dict[str, Any] = {}
+        pieces = 0
+        async for t, event in stream_events(url, body, self.cfg.request_timeout_s):
+            for choice in event.get("choices") or []:
+                if choice.get("text"):
+                    pieces += 1
+                    if math.isnan(first):
+                        first = t - self._t0
+            if isinstance(event.get("usage"), dict):
+                usage = event["usage"]
+        finish = self.now()
+        if not usage:
+            raise RequestError(f"{url}: the stream ended without a usage block")
+        prompt, output = (
+            int(usage.get("prompt_tokens", -1)),
+            int(usage.get("completion_tokens", -1)),
+        )
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        status = "ok"
+        if prompt != st.prompt_tokens or output != st.output_tokens:
+            status = (
+                f"error: token counts {prompt} in / {output} out, expected "
+                f"{st.prompt_tokens} / {st.output_tokens}"
+            )
+        return RequestRecord(
+            rid, task.id, st.id, st.agent, st.kind, prompt, output,
+            float(cached) if isinstance(cached, int) else NAN, ready,
+            first if pieces else finish, finish, status, attempts,
+        )  # fmt: skip
+
+
+def prefix_lengths(w: Workload) -> dict[str, int]:
+    """Each agent's shared-prefix tokens (what the plugin locks to keep a prefix)."""
+    return {a.name: a.prefix_tokens for a in w.agents}

@@ -1,0 +1,176 @@
+"""Starting, watching and stopping an inference server on 127.0.0.1 (DESIGN section 7).
+
+One `Server` per scheduler: it picks a free port, starts the server in its own process group
+with stdout and stderr appended to a log file in the run directory, waits until `/health`
+answers (or fails with the cause: the process exited, with the tail of its log, or the wait
+timed out), and stops it by pid (SIGTERM to its group, SIGKILL after a grace period).
+`restart()` starts it again on the same port, so clients retrying with backoff resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from topas_bench.errors import TopasError
+from topas_bench.runners.sglang.http import RequestError, request_json
+from topas_bench.runners.sglang.plugin import (
+    ENV_PARAMS,
+    ENV_PRESET,
+    ENV_SCHEDULER,
+    INSTALLED_MARK,
+)
+
+
+class ServerError(TopasError):
+    """The server could not be started, died, or never became healthy."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sglang_argv(
+    python: str, model: str, port: int, kv_budget_tokens: int | None, extra: Sequence[str]
+) -> list[str]:
+    """`python -m sglang.launch_server` on 127.0.0.1 with the project's defaults."""
+    argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
+            "--port", str(port), "--enable-cache-report"]  # fmt: skip
+    if kv_budget_tokens is not None:
+        argv += ["--max-total-tokens", str(kv_budget_tokens)]
+    return argv + list(extra)
+
+
+def plugin_env(scheduler: str, params: Mapping[str, object], preset: str) -> dict[str, str]:
+    import json
+
+    return {ENV_SCHEDULER: scheduler, ENV_PARAMS: json.dumps(dict(params)), ENV_PRESET: preset}
+
+
+@dataclass
+class Server:
+    """A server process. `argv` must make it listen on 127.0.0.1:`port`."""
+
+    argv: list[str]
+    port: int
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    health_path: str = "/health"
+    ready_mark: str | None = None  # a line the log must contain once healthy
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        if not Path(self.argv[0]).exists() and "/" in self.argv[0]:
+            raise ServerError(f"server interpreter {self.argv[0]} does not exist")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== start {time.strftime('%F %T')}: {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env}, start_new_session=True,
+            )  # fmt: skip
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Block until `/health` answers 200; raise `ServerError` naming why not."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                code = self.proc.returncode if self.proc is not None else None
+                raise ServerError(
+                    f"server exited with code {code} before becoming healthy; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            if self._healthy():
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerError(
+                    f"server not healthy after {timeout_s:.0f} s; log {self.log_path}:\n"
+                    f"{self.log_tail()}"
+                )
+            time.sleep(0.5)
+        if self.ready_mark is not None and self.ready_mark not in self.log_text():
+            self.stop()
+            raise ServerError(
+                f"server is up but its log lacks {self.ready_mark!r} (the topas plugin did not "
+                f"install; is topas-bench installed in the server's environment?); log "
+                f"{self.log_path}:\n{self.log_tail()}"
+            )
+
+    def _healthy(self) -> bool:
+        try:
+            asyncio.run(request_json("GET", self.url + self.health_path, None, 5.0))
+            return True
+        except RequestError:
+            return False
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server's process group (by its pid), SIGKILL after `grace_s`."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def restart(self, timeout_s: float) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start()
+        self.wait_healthy(timeout_s)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 25) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+def sglang_server(
+    *, python: str | None, model: str, scheduler: str, params: Mapping[str, object], preset: str,
+    kv_budget_tokens: int | None, extra: Sequence[str], log_path: Path,
+) -> Server:  # fmt: skip
+    """A `Server` running SGLang with the topas plugin set to `scheduler`."""
+    if not Path(model).exists() and not _looks_like_hub_id(model):
+        raise ServerError(f"model path {model!r} does not exist")
+    port = free_port()
+    return Server(
+        argv=sglang_argv(python or sys.executable, model, port, kv_budget_tokens, extra),
+        port=port, log_path=log_path, env=plugin_env(scheduler, params, preset),
+        ready_mark=INSTALLED_MARK.format(name=scheduler),
+    )  # fmt: skip
+
+
+def _looks_like_hub_id(model: str) -> bool:
+    """`org/name` (a hub id the server may resolve from its own cache), not a local path."""
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))

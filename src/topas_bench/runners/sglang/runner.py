@@ -1,0 +1,298 @@
+"""One cell of `topas-bench run --engine sglang`: a scheduler's server, the workload, the files.
+
+Per scheduler: start an SGLang server with the topas plugin set to that scheduler (or use
+`--endpoint`), run the workload through the workflow client, write the same files as `sim`
+(DESIGN section 8). Finished tasks are journaled as they end (`partial.jsonl` in the run
+directory), so a crash of the server, of the client or of this process loses nothing: the
+launcher restarts a dead server (up to `max_restarts`) while the client's retries wait, and a
+rerun of the same command resumes with the tasks not yet done (a resumed run starts its first
+remaining task at once and keeps the others' spacing). `run.json`, written last, marks a cell
+whose every task succeeded; otherwise the error names how many failed and the rerun retries them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from topas_bench.errors import TopasError
+from topas_bench.results import RunIdentity, is_finished, read_meta, write_run
+from topas_bench.runners.sglang.client import (
+    ClientConfig,
+    RequestRecord,
+    TaskRecord,
+    WorkflowClient,
+    prefix_lengths,
+)
+from topas_bench.runners.sglang.http import RequestError, request_json
+from topas_bench.runners.sglang.launcher import Server, ServerError, sglang_server
+from topas_bench.runners.sglang.prompts import PromptBuilder, server_tokenizer
+from topas_bench.runners.sim.records import (
+    DECISION_COLUMNS,
+    REQUEST_COLUMNS,
+    TASK_COLUMNS,
+    TIMELINE_COLUMNS,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from topas_bench.experiment import CellResult, RunPlan
+
+JOURNAL = "partial.jsonl"
+SERVER_LOG = "server.log"
+
+
+@dataclass(frozen=True)
+class SglangOptions:
+    """How `run --engine sglang` reaches its servers.
+
+    model: the model path the launcher serves (and the `model` field of requests).
+    endpoint: an existing server's base URL instead of launching one (then one scheduler).
+    server_args: extra `sglang.launch_server` arguments, passed through unchanged.
+    server_python: the interpreter with SGLang and topas-bench installed (default: this one).
+    """
+
+    model: str | None = None
+    endpoint: str | None = None
+    server_args: tuple[str, ...] = ()
+    server_python: str | None = None
+    served_model: str | None = None
+    concurrency: int = 256
+    request_timeout_s: float = 600.0
+    retries: int = 4
+    health_timeout_s: float = 900.0
+    max_restarts: int = 2
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.endpoint is None):
+            raise TopasError("--engine sglang needs exactly one of --model PATH or --endpoint URL")
+        if self.endpoint is not None and not self.endpoint.startswith("http://"):
+            raise TopasError(f"--endpoint must be an http:// URL, got {self.endpoint!r}")
+
+
+def options(
+    plan: RunPlan, model: str | None, endpoint: str | None, server_args: list[str],
+    server_python: str | None,
+) -> RunPlan:  # fmt: skip
+    """`plan` set to run on SGLang; checks what can be checked before anything starts."""
+    import dataclasses
+
+    opts = SglangOptions(model, endpoint, tuple(server_args), server_python)
+    if endpoint is not None and len(plan.schedulers) != 1:
+        raise TopasError(
+            "--endpoint serves one scheduler (the one its server was started with); give "
+            f"exactly one --scheduler, got {', '.join(plan.schedulers)}"
+        )
+    if server_python is not None and not Path(server_python).exists():
+        raise TopasError(f"--server-python {server_python} does not exist")
+    if model is not None and not Path(model).exists() and "/" not in model.strip("/"):
+        raise TopasError(f"--model {model!r}: no such model directory")
+    return dataclasses.replace(plan, sglang=opts)
+
+
+def identity(plan: RunPlan, scheduler: str, opts: SglangOptions) -> RunIdentity:
+    engine_params: dict[str, Any] = {"model": opts.model or opts.served_model or opts.endpoint}
+    if opts.server_args:
+        engine_params["server_args"] = list(opts.server_args)
+    return RunIdentity(
+        workload=plan.workload_name, num_tasks=plan.num_tasks, rate_per_s=plan.rate_per_s,
+        seed=plan.seed, scheduler=scheduler, preset=plan.preset.name,
+        kv_budget_tokens=0 if plan.kv_budget_derived else plan.kv_budget_tokens, engine="sglang",
+        workload_params=dict(plan.workload_params),
+        scheduler_params=dict(plan.scheduler_params.get(scheduler, {})),
+        engine_params=engine_params,
+    )  # fmt: skip
+
+
+def run_cell(
+    plan: RunPlan,
+    scheduler: str,
+    opts: SglangOptions,
+    *,
+    force: bool = False,
+    on_task_done: Callable[[int], None] | None = None,
+) -> CellResult:
+    from topas_bench.experiment import CellResult
+
+    ident = identity(plan, scheduler, opts)
+    run_dir = ident.run_dir(plan.out)
+    if not force and is_finished(run_dir):
+        meta = read_meta(run_dir)
+        return CellResult(
+            scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    journal = run_dir / JOURNAL
+    if force:
+        journal.unlink(missing_ok=True)
+        (run_dir / "run.json").unlink(missing_ok=True)
+    done = _load_journal(journal)
+    remaining = [t for t in plan.workload.tasks if not (t.id in done and done[t.id][0][-1])]
+    server = None if opts.endpoint else _server(plan, scheduler, opts, run_dir)
+    wall0 = time.monotonic()
+    try:
+        base = opts.endpoint.rstrip("/") if opts.endpoint else _start(server, opts)
+        model = opts.served_model or opts.model or _served_model(base)
+        if remaining:
+            asyncio.run(_drive(plan, remaining, base, model, opts, journal, server, on_task_done))
+    finally:
+        if server is not None:
+            server.stop()
+    done = _load_journal(journal)
+    return _finish(plan, ident, run_dir, done, server, time.monotonic() - wall0, len(remaining))
+
+
+def _server(plan: RunPlan, scheduler: str, opts: SglangOptions, run_dir: Path) -> Server:
+    assert opts.model is not None
+    return sglang_server(
+        python=opts.server_python, model=opts.model, scheduler=scheduler,
+        params=plan.scheduler_params.get(scheduler, {}), preset=plan.preset.name,
+        kv_budget_tokens=None if plan.kv_budget_derived else plan.kv_budget_tokens,
+        extra=opts.server_args, log_path=run_dir / SERVER_LOG,
+    )  # fmt: skip
+
+
+def _start(server: Server | None, opts: SglangOptions) -> str:
+    assert server is not None
+    server.start()
+    server.wait_healthy(opts.health_timeout_s)
+    return server.url
+
+
+def _served_model(base: str) -> str:
+    try:
+        ans = asyncio.run(request_json("GET", f"{base}/v1/models", None, 10.0))
+    except RequestError as e:
+        raise TopasError(f"cannot reach the server at {base}: {e}") from None
+    try:
+        return str(ans["data"][0]["id"])
+    except (TypeError, KeyError, IndexError):
+        raise TopasError(f"{base}/v1/models lists no model: {ans!r:.200}") from None
+
+
+async def _drive(
+    plan: RunPlan, tasks: list[Any], base: str, model: str, opts: SglangOptions, journal: Path,
+    server: Server | None, on_task_done: Callable[[int], None] | None,
+) -> None:  # fmt: skip
+    cfg = ClientConfig(
+        base_url=base, model=model, concurrency=opts.concurrency,
+        request_timeout_s=opts.request_timeout_s, retries=opts.retries,
+    )  # fmt: skip
+    builder = PromptBuilder(server_tokenizer(base, model))
+    try:
+        await builder.prepare()
+    except RequestError as e:
+        raise TopasError(f"cannot reach the server at {base}: {e}") from None
+    finished = len(plan.workload.tasks) - len(tasks)
+    lock = threading.Lock()
+
+    def on_task(task: TaskRecord, reqs: list[RequestRecord]) -> None:
+        nonlocal finished
+        line = json.dumps({"task": [*task.row(), task.ok], "requests": [r.row() for r in reqs]})
+        with lock, open(journal, "a") as f:
+            f.write(line + "\n")
+        finished += 1
+        if on_task_done is not None:
+            on_task_done(finished)
+
+    client = WorkflowClient(cfg, builder, on_task, prefix_lengths(plan.workload))
+    offset = min(t.arrival_s for t in tasks)
+    work = asyncio.create_task(client.run(tasks, start_offset_s=offset))
+    while not work.done():
+        await asyncio.wait({work}, timeout=1.0)
+        if server is not None and not work.done() and not server.alive():
+            if server.restarts >= opts.max_restarts:
+                work.cancel()
+                raise ServerError(
+                    f"the server died {server.restarts + 1} times; partial results are kept "
+                    f"in {journal.parent} (rerun to resume); log {server.log_path}:\n"
+                    f"{server.log_tail()}"
+                )
+            await asyncio.to_thread(server.restart, opts.health_timeout_s)
+    await work
+
+
+def _load_journal(path: Path) -> dict[str, tuple[list[Any], list[list[Any]]]]:
+    """task id -> (task row + ok flag, request rows); the latest record of a task wins."""
+    out: dict[str, tuple[list[Any], list[list[Any]]]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash mid-write
+        out[rec["task"][0]] = (rec["task"], rec["requests"])
+    return out
+
+
+def _finish(
+    plan: RunPlan, ident: RunIdentity, run_dir: Path,
+    done: dict[str, tuple[list[Any], list[list[Any]]]], server: Server | None, wall_s: float,
+    attempted: int,
+) -> CellResult:  # fmt: skip
+    from topas_bench.analysis.metrics import RunTables, summarize
+    from topas_bench.experiment import CellResult, workload_digest
+
+    ok_rows = [task[:-1] for task, _ in done.values() if task[-1]]
+    req_rows = [tuple(r) for _, reqs in done.values() for r in reqs]
+    tasks = pd.DataFrame(ok_rows, columns=TASK_COLUMNS).sort_values("arrival_s")
+    requests = pd.DataFrame(req_rows, columns=REQUEST_COLUMNS).sort_values("ready_s")
+    timeline = pd.DataFrame([], columns=TIMELINE_COLUMNS)
+    if server is not None:
+        from topas_bench.runners.sglang.calibrate import timeline_from_log
+
+        timeline = timeline_from_log(server.log_text())
+    tables = {
+        "requests": requests.reset_index(drop=True), "tasks": tasks.reset_index(drop=True),
+        "timeline": timeline, "decisions": pd.DataFrame([], columns=DECISION_COLUMNS),
+    }  # fmt: skip
+    failed = len(plan.workload.tasks) - len(ok_rows)
+    cached = requests["cached_tokens"].astype(float)
+    counters = {
+        "admitted_prompt_tokens": float(requests["prompt_tokens"][cached.notna()].sum()),
+        "cached_prompt_tokens": float(cached.sum()),
+        "failed_requests": float((~requests["status"].isin(["ok"])).sum()),
+        "server_restarts": float(server.restarts if server is not None else 0),
+        "preemptions": math.nan,  # not visible to a client
+    }
+    summary = summarize(RunTables(tasks, requests, tables["decisions"], counters))
+    span = float(tasks["finish_s"].max()) if not tasks.empty else 0.0
+    if failed:
+        for name, df in tables.items():
+            df.to_parquet(run_dir / f"{name}.parquet", index=False)
+        first = requests[requests["status"] != "ok"]["status"].head(1).tolist()
+        raise TopasError(
+            f"{failed} of {len(plan.workload.tasks)} tasks failed under {ident.scheduler!r} "
+            f"(first error: {first[0] if first else 'unknown'}); partial results are in "
+            f"{run_dir}; rerun the same command to retry them"
+        )
+    info = {
+        "summary": summary, "counters": counters, "sim_time_s": span, "wall_s": wall_s,
+        "load": plan.load, "capacity_tps": plan.capacity_tps,
+        "workload_digest": workload_digest(plan.workload), "resumed": attempted < plan.num_tasks,
+    }  # fmt: skip
+    write_run(run_dir, ident, tables, info)
+    return CellResult(ident.scheduler, run_dir, summary, span, wall_s)
+
+
+def print_plan(console: Console, plan: RunPlan) -> None:
+    opts: SglangOptions = plan.sglang
+    console.print(
+        f"workload {plan.workload_name}: {plan.num_tasks} tasks, seed {plan.seed}, "
+        f"Poisson rate {plan.rate_per_s:.4g} tasks/s"
+    )
+    where = f"endpoint {opts.endpoint}" if opts.endpoint else f"model {opts.model}"
+    budget = "server default" if plan.kv_budget_derived else f"{plan.kv_budget_tokens:,} tokens"
+    console.print(f"engine sglang, {where}, KV budget {budget}")
+    console.print(f"schedulers: {', '.join(plan.schedulers)}")

@@ -1,0 +1,330 @@
+"""Server-side task progress for the SGLang plugin: the requests, stages and tasks a policy sees.
+
+Engine-neutral (no SGLang import): it reads an engine request only through `EngineReq`, so the
+same code runs under SGLang's real `Req` in the plugin and under plain objects in unit tests.
+At every scheduling point the adapter calls `sync(waiting, running)`; the tracker then moves
+each request between WAITING, RUNNING and DONE (a RUNNING request seen waiting again was
+preempted or retracted), feeds finished requests to the service-time estimator, and updates
+the task DAGs built from the requests' metadata (`metadata.RequestMeta`).
+
+Stages the server has not seen yet are BLOCKED while a dependency is unfinished, else DELAYED
+(the client's tool delay is running). A task leaves when all its stages are done, or when it
+has been idle for `idle_ttl_s` (its client went away).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence, Sized
+from typing import Any, Protocol
+
+from topas_bench.runners.sglang.metadata import RequestMeta, StageMeta, decode, independent
+from topas_bench.schedulers.base import StageState
+from topas_bench.schedulers.estimator import ServiceEstimator
+from topas_bench.workloads.model import Segment
+
+
+class EngineReq(Protocol):
+    """What the tracker reads from an engine's request object (SGLang's `Req` satisfies it)."""
+
+    rid: str
+    origin_input_ids: Sized
+    output_ids: Sized
+    sampling_params: Any
+
+    def finished(self) -> bool: ...
+
+
+class TrackedRequest:
+    """A request as a policy sees it (satisfies `RequestView`)."""
+
+    __slots__ = (
+        "_running_since",
+        "admitted_s",
+        "engine",
+        "first_admitted_s",
+        "meta",
+        "preemptions",
+        "queued_s",
+        "ready_s",
+        "rid",
+        "served_s",
+        "state",
+    )
+
+    def __init__(self, rid: int, engine: EngineReq, meta: RequestMeta, now_s: float) -> None:
+        self.rid = rid
+        self.engine = engine
+        self.meta = meta
+        self.ready_s = now_s
+        self.queued_s = now_s
+        self.admitted_s: float | None = None
+        self.first_admitted_s: float | None = None
+        self.preemptions = 0
+        self.served_s = 0.0
+        self._running_since: float | None = None
+        self.state = StageState.WAITING
+
+    @property
+    def task_id(self) -> str:
+        return self.meta.task_id
+
+    @property
+    def stage_id(self) -> str:
+        return self.meta.stage_id
+
+    @property
+    def agent(self) -> str:
+        return self.meta.agent
+
+    @property
+    def kind(self) -> str:
+        return self.meta.kind
+
+    @property
+    def prompt(self) -> Sequence[Segment]:
+        return self.meta.segments
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.engine.origin_input_ids)
+
+    @property
+    def generated(self) -> int:
+        return len(self.engine.output_ids)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(getattr(self.engine.sampling_params, "max_new_tokens", None) or 0)
+
+    @property
+    def service_s(self) -> float:
+        return self.served_s
+
+    def service_at(self, now_s: float) -> float:
+        extra = now_s - self._running_since if self._running_since is not None else 0.0
+        return self.served_s + extra
+
+    def start(self, now_s: float) -> None:
+        self.state = StageState.RUNNING
+        self.admitted_s = now_s
+        if self.first_admitted_s is None:
+            self.first_admitted_s = now_s
+        self._running_since = now_s
+
+    def stop(self, now_s: float, state: StageState) -> None:
+        if self._running_since is not None:
+            self.served_s += now_s - self._running_since
+            self._running_since = None
+        self.state = state
+        if state == StageState.WAITING:
+            self.preemptions += 1
+            self.queued_s = now_s
+            self.admitted_s = None
+
+
+class TrackedStage:
+    """A stage of a live task (satisfies `StageView`)."""
+
+    __slots__ = ("children", "meta", "request", "state")
+
+    def __init__(self, meta: StageMeta, children: tuple[str, ...]) -> None:
+        self.meta = meta
+        self.children = children
+        self.state = StageState.BLOCKED if meta.deps else StageState.DELAYED
+        self.request: TrackedRequest | None = None
+
+    @property
+    def id(self) -> str:
+        return self.meta.id
+
+    @property
+    def agent(self) -> str:
+        return self.meta.agent
+
+    @property
+    def kind(self) -> str:
+        return self.meta.kind
+
+    @property
+    def deps(self) -> tuple[str, ...]:
+        return self.meta.deps
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.meta.prompt_tokens
+
+    @property
+    def delay_s(self) -> float:
+        return self.meta.delay_s
+
+
+class TrackedTask:
+    """A live task (satisfies `TaskView`); its DAG comes from the first request's metadata."""
+
+    __slots__ = ("_stages", "arrival_s", "attained_s", "id", "last_seen_s", "version", "workflow")
+
+    def __init__(self, meta: RequestMeta, arrival_s: float) -> None:
+        self.id = meta.task_id
+        self.workflow = meta.workflow
+        self.arrival_s = arrival_s
+        self.attained_s = 0.0
+        self.version = 0
+        self.last_seen_s = arrival_s
+        children: dict[str, list[str]] = {s.id: [] for s in meta.stages}
+        for s in meta.stages:
+            for d in s.deps:
+                children[d].append(s.id)
+        self._stages = {s.id: TrackedStage(s, tuple(children[s.id])) for s in _topo(meta.stages)}
+
+    @property
+    def stages(self) -> Mapping[str, TrackedStage]:
+        return self._stages
+
+    def set_state(self, stage_id: str, state: StageState) -> None:
+        st = self._stages[stage_id]
+        if st.state != state:
+            st.state = state
+            self.version += 1
+
+    def finish_stage(self, stage_id: str) -> None:
+        self.set_state(stage_id, StageState.DONE)
+        for child in self._stages[stage_id].children:
+            st = self._stages[child]
+            if st.state == StageState.BLOCKED and all(
+                self._stages[d].state == StageState.DONE for d in st.deps
+            ):
+                self.set_state(child, StageState.DELAYED)
+
+    @property
+    def done(self) -> bool:
+        return all(s.state == StageState.DONE for s in self._stages.values())
+
+
+def _topo(stages: Sequence[StageMeta]) -> list[StageMeta]:
+    """Stages in dependency order (the metadata parser rejected unknown dependencies); a
+    cycle leaves its stages at the end in declaration order rather than failing."""
+    done: set[str] = set()
+    out: list[StageMeta] = []
+    pending = list(stages)
+    while pending:
+        ready = [s for s in pending if all(d in done for d in s.deps)]
+        if not ready:
+            return out + pending
+        for s in ready:
+            out.append(s)
+            done.add(s.id)
+        pending = [s for s in pending if s.id not in done]
+    return out
+
+
+class Tracker:
+    """Requests and tasks the server has seen, and the warning counts for bad metadata."""
+
+    def __init__(
+        self,
+        estimator: ServiceEstimator,
+        clock: Callable[[], float],
+        unix_clock: Callable[[], float],
+        idle_ttl_s: float = 3600.0,
+    ) -> None:
+        self.estimator = estimator
+        self.clock = clock
+        self._unix_offset = unix_clock() - clock()
+        self.idle_ttl_s = idle_ttl_s
+        self.requests: dict[str, TrackedRequest] = {}
+        self.tasks: dict[str, TrackedTask] = {}
+        #: agent -> the token ids of its shared prefix (first request of the agent seen)
+        self.agent_prefixes: dict[str, tuple[int, ...]] = {}
+        #: reason -> requests served as independent tasks because of it (a warning metric)
+        self.untagged: dict[str, int] = {}
+        self._ids = itertools.count()
+
+    def add(self, req: EngineReq) -> TrackedRequest:
+        """A new request entered the server; never raises on bad metadata."""
+        now = self.clock()
+        meta, reason = decode(getattr(req.sampling_params, "custom_params", None))
+        if meta is not None and meta.prefix_tokens > len(req.origin_input_ids):
+            meta, reason = None, "malformed: prefix longer than the prompt"
+        if meta is None:
+            reason = reason or "missing"
+            self.untagged[reason] = self.untagged.get(reason, 0) + 1
+            meta = independent(req.rid, len(req.origin_input_ids))
+        task = self.tasks.get(meta.task_id)
+        if task is None:
+            arrival = meta.arrival_unix_s - self._unix_offset if meta.arrival_unix_s >= 0 else now
+            task = self.tasks[meta.task_id] = TrackedTask(meta, min(arrival, now))
+        tr = TrackedRequest(next(self._ids), req, meta, now)
+        stage = task.stages.get(meta.stage_id)
+        if stage is not None:
+            stage.request = tr
+            task.set_state(meta.stage_id, StageState.WAITING)
+        task.last_seen_s = now
+        if meta.agent and meta.agent not in self.agent_prefixes and meta.prefix_tokens:
+            ids = list(req.origin_input_ids)  # type: ignore[call-overload]
+            self.agent_prefixes[meta.agent] = tuple(int(t) for t in ids[: meta.prefix_tokens])
+        self.requests[req.rid] = tr
+        return tr
+
+    def get(self, req: EngineReq) -> TrackedRequest:
+        tr = self.requests.get(req.rid)
+        return tr if tr is not None else self.add(req)
+
+    def admitted(self, req: EngineReq) -> None:
+        """The engine just admitted `req` into a prefill batch."""
+        tr = self.get(req)
+        if tr.state == StageState.WAITING:
+            tr.start(self.clock())
+            self._set(tr, StageState.RUNNING)
+
+    def sync(self, waiting: Sequence[EngineReq], running: Sequence[EngineReq]) -> None:
+        """Bring every request's state up to date with the engine's queues."""
+        now = self.clock()
+        in_wait = {r.rid for r in waiting}
+        in_run = {r.rid for r in running}
+        for r in [*waiting, *running]:
+            self.get(r)
+        for rid, tr in list(self.requests.items()):
+            if tr.engine.finished():
+                self._finish(rid, tr, now)
+            elif rid in in_wait:
+                if tr.state == StageState.RUNNING:
+                    self._stop(tr, now, StageState.WAITING)
+            elif tr.state == StageState.WAITING and (rid in in_run or tr.generated > 0):
+                # Admitted (it may be mid-prefill, in neither queue, until its batch ends).
+                tr.start(now)
+                self._set(tr, StageState.RUNNING)
+        self._expire(now)
+
+    def _stop(self, tr: TrackedRequest, now: float, state: StageState) -> None:
+        before = tr.served_s
+        tr.stop(now, state)
+        task = self.tasks.get(tr.task_id)
+        if task is not None:
+            task.attained_s += tr.served_s - before
+        self._set(tr, state)
+
+    def _set(self, tr: TrackedRequest, state: StageState) -> None:
+        task = self.tasks.get(tr.task_id)
+        if task is not None and tr.stage_id in task.stages:
+            task.set_state(tr.stage_id, state)
+            task.last_seen_s = self.clock()
+
+    def _finish(self, rid: str, tr: TrackedRequest, now: float) -> None:
+        self._stop(tr, now, StageState.DONE)
+        del self.requests[rid]
+        if tr.generated > 0:
+            self.estimator.observe(tr.agent, tr.kind, tr.generated)
+        task = self.tasks.get(tr.task_id)
+        if task is None:
+            return
+        if tr.stage_id in task.stages:
+            task.finish_stage(tr.stage_id)
+        if task.done:
+            del self.tasks[task.id]
+
+    def _expire(self, now: float) -> None:
+        live = {tr.task_id for tr in self.requests.values()}
+        for tid, task in list(self.tasks.items()):
+            if tid not in live and now - task.last_seen_s > self.idle_ttl_s:
+                del self.tasks[tid]
