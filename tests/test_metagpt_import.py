@@ -184,3 +184,26 @@ def test_cli_trace_import_reports_every_problem(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert f"{bad}:1: role: missing" in res.output and f"{bad}:2: call: invalid JSON" in res.output
     assert not (tmp_path / "o.jsonl").exists()
+
+
+# -- metagpt-replay: a recording as a registered workload -------------------------------------
+def test_replay_workload_serves_recorded_jobs(tmp_path: Path) -> None:
+    from topas_bench.workloads.registry import generate
+
+    w = generate("metagpt-replay", num_tasks=4, rate_per_s=0.2, seed=1)
+    assert w.params["file"] == "sop-2048-offline" and validate(w) == []
+    imported = import_trace(DATA / "sop-2048-offline.jsonl", num_tasks=4, rate_per_s=0.2)
+    for a, b in zip(w.tasks, imported.tasks, strict=True):
+        assert a.stages == b.stages  # the same job, as `trace import` converts it
+    by_path = generate(
+        "metagpt-replay", num_tasks=2, file=str(DATA / "tl-2048-offline.jsonl"),
+        prefix_mode="cache-friendly",
+    )  # fmt: skip
+    assert by_path.agent_map["Mike/3628"].prefix_tokens == 3628
+    with pytest.raises(TopasError, match="no such recorded call trace"):
+        generate("metagpt-replay", num_tasks=1, file=str(tmp_path / "none.jsonl"))
+    res = CliRunner().invoke(app, [
+        "run", "-w", "metagpt-replay", "-s", "fcfs", "-n", "3", "--out", str(tmp_path / "runs"),
+        "--workload-param", f"file={DATA / 'sop-qa-2048-offline.jsonl'}",
+    ])  # fmt: skip
+    assert res.exit_code == 0, res.output

@@ -37,7 +37,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -195,35 +195,45 @@ def calls_to_workload(
         rate_per_s is None or not rate_per_s > 0 or not math.isfinite(rate_per_s)
     ):
         raise TopasError("replicating the job over several tasks needs a positive --rate")
-    agent_of, agents = _agents(calls, prefix_mode)
-    stages = _stages(calls, agent_of, agents, prefix_mode)
+    agents, stages = recorded_job(calls, prefix_mode)
     if num_tasks == 1:
         arrivals = [0.0]
     else:
         rng = np.random.Generator(np.random.PCG64(seed))
         arrivals = [float(t) for t in poisson_arrivals(rng, num_tasks, float(rate_per_s or 0))]
-    tasks = []
-    for i, arrival in enumerate(arrivals):
-        tid = f"t{i:04d}"
-        own = tuple(
-            Stage(
-                s.id, s.agent,
-                tuple(g if g.key.startswith("agent:") else Segment(f"{tid}/{g.key}", g.tokens)
-                      for g in s.prompt),
-                s.output_tokens, s.deps, s.delay_s, s.kind, s.max_new_tokens,
-            )
-            for s in stages
-        )  # fmt: skip
-        tasks.append(Task(tid, name, arrival, own))
+    tasks = [
+        Task(f"t{i:04d}", name, arrival, for_task(stages, f"t{i:04d}"))
+        for i, arrival in enumerate(arrivals)
+    ]
     params = {
         "source": source, "calls": len(calls), "prefix_mode": prefix_mode,
         "num_tasks": num_tasks, "rate_per_s": rate_per_s,
     }  # fmt: skip
-    agent_list = tuple(Agent(a, p) for a, p in agents.items())
-    w = Workload(name, agent_list, tuple(tasks), params, seed, generator="trace-import")
+    w = Workload(name, agents, tuple(tasks), params, seed, generator="trace-import")
     if problems := validate(w, kv_budget_tokens=kv_budget_tokens):
         raise TraceError(f"{source or name} (imported)", problems)
     return w
+
+
+def recorded_job(
+    calls: Sequence[Call], prefix_mode: str
+) -> tuple[tuple[Agent, ...], tuple[Stage, ...]]:
+    """The agents and the stages of the recorded job; segment keys other than agent prefixes
+    are relative (``c<id>/p<n>``): `for_task` puts them under a task id."""
+    agent_of, prefix = _agents(calls, prefix_mode)
+    stages = _stages(calls, agent_of, prefix, prefix_mode)
+    return tuple(Agent(a, p) for a, p in prefix.items()), tuple(stages)
+
+
+def for_task(stages: Sequence[Stage], task_id: str) -> tuple[Stage, ...]:
+    """`stages` with every non-prefix segment keyed under `task_id`."""
+    return tuple(
+        replace(s, prompt=tuple(
+            g if g.key.startswith("agent:") else Segment(f"{task_id}/{g.key}", g.tokens)
+            for g in s.prompt
+        ))
+        for s in stages
+    )  # fmt: skip
 
 
 def _agents(calls: Sequence[Call], mode: str) -> tuple[dict[int, str], dict[str, int]]:

@@ -227,3 +227,4 @@ _add(
 )  # fmt: skip
 _add("metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00767)
 _add("metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00159)
+_add("metagpt-replay", "a recorded MetaGPT run, replayed", "metagpt_replay", "make_replay", 0.0295)
