@@ -89,8 +89,9 @@ def _attr(module: str, item: str) -> Any:
     if module.startswith("triton") and item in _TRITON_NAMES:
         return _TRITON_NAMES[item]
     qual = f"{module}.{item}"
-    if item[:1].isupper():
-        # Class-like names resolve to real (empty) classes, so isinstance() and subclassing work.
+    if module.startswith("triton") and item[:1].isupper():
+        # triton's class-like names resolve to real (empty) classes, so isinstance() and
+        # subclassing work; torchvision's (enums such as InterpolationMode) stay stubs.
         if qual not in _CLASSES:
             _CLASSES[qual] = type(item, (), {"__init__": lambda self, *a, **k: None})
         return _CLASSES[qual]

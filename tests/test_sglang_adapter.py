@@ -19,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = REPO / ".venvs" / "sglang" / "bin" / "python"
 CHECKS: dict[str, Callable[[], Any]] = {}
@@ -32,41 +30,43 @@ def check(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 # -- pytest side (main venv) -----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def results() -> dict[str, Any]:
-    if shutil.which("make") is None:
-        pytest.fail("`make` is needed to build the SGLang CPU venv (make sglang-env)")
-    subprocess.run(["make", "-s", "sglang-env"], cwd=REPO, check=True, timeout=2400)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    env.pop("TOPAS_SCHEDULER", None)
-    proc = subprocess.run(
-        [str(VENV_PYTHON), __file__], capture_output=True, text=True, timeout=900, env=env,
-        cwd=REPO,
-    )  # fmt: skip
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    out: dict[str, Any] = json.loads(lines[-1])
-    return out
+if __name__ != "__main__":  # the SGLang venv has no pytest
+    import pytest
 
+    @pytest.fixture(scope="module")
+    def results() -> dict[str, Any]:
+        if shutil.which("make") is None:
+            pytest.fail("`make` is needed to build the SGLang CPU venv (make sglang-env)")
+        subprocess.run(["make", "-s", "sglang-env"], cwd=REPO, check=True, timeout=2400)
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        env.pop("TOPAS_SCHEDULER", None)
+        proc = subprocess.run(
+            [str(VENV_PYTHON), __file__], capture_output=True, text=True, timeout=900, env=env,
+            cwd=REPO,
+        )  # fmt: skip
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+        out: dict[str, Any] = json.loads(lines[-1])
+        return out
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [
-        "ordering_applied",
-        "admission_respects_sglang_budget",
-        "admission_stops_at_policy_cut",
-        "kept_prefix_survives_eviction",
-        "malformed_custom_params",
-        "retraction_order",
-        "differential_vs_sim",
-        "plugin_replaces_scheduler",
-    ],
-)
-def test_adapter(results: dict[str, Any], name: str) -> None:
-    assert name in results, f"check {name} did not run"
-    res = results[name]
-    assert res["ok"], res["error"]
+    @pytest.mark.slow
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "ordering_applied",
+            "admission_respects_sglang_budget",
+            "admission_stops_at_policy_cut",
+            "kept_prefix_survives_eviction",
+            "malformed_custom_params",
+            "retraction_order",
+            "differential_vs_sim",
+            "plugin_replaces_scheduler",
+        ],
+    )
+    def test_adapter(results: dict[str, Any], name: str) -> None:
+        assert name in results, f"check {name} did not run"
+        res = results[name]
+        assert res["ok"], res["error"]
 
 
 # -- the SGLang venv side --------------------------------------------------------------------
@@ -106,7 +106,7 @@ def _cache(kv_tokens: int) -> tuple[Any, Any]:
         return UnifiedRadixCache(params=params), alloc
 
 
-def _bridge(policy: str, kv_tokens: int, **params: Any) -> tuple[Any, Any, Any]:
+def _bridge(policy: str, kv_tokens: int, now: float = 0.0, **params: Any) -> tuple[Any, Any, Any]:
     from topas_bench.runners.sglang.adapter import Bridge
     from topas_bench.runners.sim.cost import CostModel, load_preset
     from topas_bench.schedulers.estimator import ServiceEstimator
@@ -115,7 +115,7 @@ def _bridge(policy: str, kv_tokens: int, **params: Any) -> tuple[Any, Any, Any]:
     cache, alloc = _cache(kv_tokens)
     est = ServiceEstimator(CostModel(load_preset("a100-qwen32b")))
     bridge = Bridge(
-        make_policy(policy, **params), cache, alloc, est, clock=lambda: 0.0, unix_clock=lambda: 0.0
+        make_policy(policy, **params), cache, alloc, est, clock=lambda: now, unix_clock=lambda: now
     )
     return bridge, cache, alloc
 
@@ -185,7 +185,7 @@ def ordering_applied() -> None:
     from topas_bench.runners.sglang.adapter import TopasSchedulePolicy
     from topas_bench.workloads.model import Segment, Stage, Task
 
-    bridge, cache, _ = _bridge("parrot", 4000)
+    bridge, cache, _ = _bridge("parrot", 4000, now=100.0)
     reqs = []
     for i, arrival in enumerate([30.0, 20.0, 10.0, 0.0]):
         st = Stage("s0", "A", (Segment("agent:A", 50), Segment(f"in{i}", 20)), 8, max_new_tokens=8)

@@ -189,15 +189,12 @@ class WorkflowClient:
         ready = self.now()
         attempts = 0
         error = "not sent"
+        url = f"{self.cfg.base_url}/v1/completions"
         async with self._sem:
-            try:
-                text = await self.builder.checked_text(st.prompt)
-            except RequestError as e:
-                return self._failed(rid, task, st, ready, 1, f"error: {e}")
-            body = self._body(task, st, text, arrival_s)
-            url = f"{self.cfg.base_url}/v1/completions"
             for attempts in range(1, self.cfg.retries + 2):
                 try:
+                    text = await self.builder.checked_text(st.prompt)
+                    body = self._body(task, st, text, arrival_s)
                     return await self._attempt(rid, task, st, ready, attempts, url, body)
                 except TransientError as e:
                     error = f"error: {e}"

@@ -161,6 +161,8 @@ async def stream_events(
                 if isinstance(event, dict) and "error" in event and "choices" not in event:
                     raise RequestError(f"{url}: server error in stream: {event['error']}")
                 yield t, event
+        # OpenAI-compatible servers end a stream with [DONE]; without it, it was cut off.
+        raise TransientError(f"{url}: the stream ended before [DONE] (connection lost)")
     finally:
         await conn.close()
 

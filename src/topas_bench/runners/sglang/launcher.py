@@ -160,8 +160,8 @@ def sglang_server(
     kv_budget_tokens: int | None, extra: Sequence[str], log_path: Path,
 ) -> Server:  # fmt: skip
     """A `Server` running SGLang with the topas plugin set to `scheduler`."""
-    if not Path(model).exists() and not _looks_like_hub_id(model):
-        raise ServerError(f"model path {model!r} does not exist")
+    if not Path(model).exists() and not looks_like_hub_id(model):
+        raise ServerError(f"--model {model!r}: no such model directory")
     port = free_port()
     return Server(
         argv=sglang_argv(python or sys.executable, model, port, kv_budget_tokens, extra),
@@ -170,7 +170,7 @@ def sglang_server(
     )  # fmt: skip
 
 
-def _looks_like_hub_id(model: str) -> bool:
+def looks_like_hub_id(model: str) -> bool:
     """`org/name` (a hub id the server may resolve from its own cache), not a local path."""
     parts = model.split("/")
-    return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~", "/"))

@@ -13,6 +13,7 @@ whose every task succeeded; otherwise the error names how many failed and the re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import threading
@@ -34,7 +35,12 @@ from topas_bench.runners.sglang.client import (
     prefix_lengths,
 )
 from topas_bench.runners.sglang.http import RequestError, request_json
-from topas_bench.runners.sglang.launcher import Server, ServerError, sglang_server
+from topas_bench.runners.sglang.launcher import (
+    Server,
+    ServerError,
+    looks_like_hub_id,
+    sglang_server,
+)
 from topas_bench.runners.sglang.prompts import PromptBuilder, server_tokenizer
 from topas_bench.runners.sim.records import (
     DECISION_COLUMNS,
@@ -95,7 +101,7 @@ def options(
         )
     if server_python is not None and not Path(server_python).exists():
         raise TopasError(f"--server-python {server_python} does not exist")
-    if model is not None and not Path(model).exists() and "/" not in model.strip("/"):
+    if model is not None and not Path(model).exists() and not looks_like_hub_id(model):
         raise TopasError(f"--model {model!r}: no such model directory")
     return dataclasses.replace(plan, sglang=opts)
 
@@ -218,7 +224,9 @@ async def _drive(
                     f"in {journal.parent} (rerun to resume); log {server.log_path}:\n"
                     f"{server.log_tail()}"
                 )
-            await asyncio.to_thread(server.restart, opts.health_timeout_s)
+            # A server that dies again while starting is counted by the next check.
+            with contextlib.suppress(ServerError):
+                await asyncio.to_thread(server.restart, opts.health_timeout_s)
     await work
 
 
