@@ -1,11 +1,7 @@
 """Recorded MetaGPT call traces -> workloads (`topas-bench trace import`).
 
-Input: JSONL, one LLM call per line, as in ../shared/metagpt/*.jsonl and the recorder's output:
-``id`` (0, 1, ... in call order), ``role``, ``action``, ``t_start``/``t_end`` (s),
-``system_tokens``, ``rest_tokens``, ``n_messages``, ``completion_tokens``,
-``lcp_tokens_with_prev_call_of_same_role``, ``depends_on`` (ids of earlier calls whose output
-the prompt contains). Other fields (``role_title``, ``tokenizer``, ``messages``, ...) are
-ignored. Every malformed line is reported, with its line number, in one `TraceError`.
+Input: a recorded call trace, one LLM call per JSONL line (`metagpt_calls`: ../shared/metagpt's
+recordings and the recorder's output); every malformed line is reported with its line number.
 
 Output: a workload (`workloads/trace.py` format) with the recorded job as one task, or
 replicated as ``num_tasks`` tasks with Poisson arrivals at ``rate_per_s``. Each call is a stage
@@ -33,144 +29,23 @@ replicated as ``num_tasks`` tasks with Poisson arrivals at ``rate_per_s``. Each 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from topas_bench.errors import TopasError
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.metagpt import PREFIX_MODES
+from topas_bench.workloads.metagpt_calls import Call, load_calls, parse_calls
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key
-from topas_bench.workloads.trace import TraceError, TraceProblem, validate
+from topas_bench.workloads.trace import TraceError, validate
 
-_INTS = ("id", "system_tokens", "rest_tokens", "n_messages", "completion_tokens")
-_LCP = "lcp_tokens_with_prev_call_of_same_role"
-
-
-@dataclass(frozen=True)
-class Call:
-    """One recorded LLM call (the fields this module uses)."""
-
-    id: int
-    role: str
-    action: str
-    t_start: float
-    t_end: float
-    system_tokens: int
-    rest_tokens: int
-    completion_tokens: int
-    lcp: int
-    depends_on: tuple[int, ...]
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.system_tokens + self.rest_tokens
-
-
-# --- reading ----------------------------------------------------------------------------------
-
-
-def load_calls(path: str | os.PathLike[str]) -> list[Call]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise TraceError(str(path), [TraceProblem(None, "file", f"not UTF-8 text: {e}")]) from e
-    except OSError as e:
-        raise TopasError(f"{path}: cannot read call trace: {e.strerror or e}") from e
-    return parse_calls(text, source=str(path))
-
-
-def parse_calls(text: str, *, source: str = "<string>") -> list[Call]:
-    """Parse and check a recorded call trace; raises `TraceError` listing every problem."""
-    problems: list[TraceProblem] = []
-    calls: list[Call] = []
-    seen: dict[int, int] = {}  # id -> line
-    for n, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        found = _call(n, line, seen, problems)
-        if found is not None:
-            calls.append(found)
-    if not calls and not problems:
-        problems.append(TraceProblem(1, "file", "no calls: expected one JSON object per line"))
-    if problems:
-        raise TraceError(source, problems)
-    return calls
-
-
-def _call(n: int, line: str, seen: dict[int, int], problems: list[TraceProblem]) -> Call | None:
-    def bad(field: str, message: str) -> None:
-        problems.append(TraceProblem(n, field, message))
-
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        bad("call", f"invalid JSON: {e.msg} (column {e.colno})")
-        return None
-    if not isinstance(obj, dict):
-        bad("call", f"expected a JSON object, got {type(obj).__name__}")
-        return None
-    before = len(problems)
-    v: Any
-    for f in (*_INTS, _LCP):
-        v = obj.get(f)
-        if f not in obj:
-            bad(f, "missing")
-        elif not _is_int(v) or v < (1 if f in ("system_tokens", "n_messages") else 0):
-            bad(f, f"expected an integer >= {int(f in ('system_tokens', 'n_messages'))}, got {v!r}")
-    for f in ("role", "action"):
-        if not isinstance(obj.get(f), str) or not obj.get(f):
-            bad(f, "missing" if f not in obj else f"expected a non-empty string, got {obj[f]!r}")
-    for f in ("t_start", "t_end"):
-        v = obj.get(f)
-        if f not in obj:
-            bad(f, "missing")
-        elif not (_is_int(v) or isinstance(v, float)) or not math.isfinite(v) or v < 0:
-            bad(f, f"expected a finite number of seconds >= 0, got {v!r}")
-    deps: Any = obj.get("depends_on")
-    if "depends_on" not in obj:
-        bad("depends_on", "missing")
-    elif not isinstance(deps, list):
-        bad("depends_on", f"expected a list of call ids, got {deps!r}")
-    ill_typed = len(problems) > before
-    cid: Any = obj.get("id")
-    if _is_int(cid) and cid >= 0:
-        if cid in seen:
-            bad("id", f"duplicate call id {cid} (first on line {seen[cid]})")
-        elif seen and cid < max(seen):
-            bad("id", f"call ids must increase in call order: {cid} after {max(seen)}")
-        seen.setdefault(cid, n)  # known from here on, so that dependents do not cascade
-    if ill_typed:
-        return None
-    if obj["t_end"] < obj["t_start"]:
-        bad("t_end", f"{obj['t_end']} is before t_start {obj['t_start']}")
-    if obj[_LCP] > obj["system_tokens"] + obj["rest_tokens"]:
-        bad(_LCP, f"{obj[_LCP]} exceeds the prompt's {obj['system_tokens'] + obj['rest_tokens']}")
-    for k, d in enumerate(deps):
-        if not _is_int(d):
-            bad(f"depends_on[{k}]", f"expected a call id, got {d!r}")
-        elif d not in seen or d >= cid:
-            bad(f"depends_on[{k}]", f"{d} is not an earlier call")
-    if len(problems) > before:
-        return None
-    return Call(
-        cid, obj["role"], obj["action"], float(obj["t_start"]), float(obj["t_end"]),
-        obj["system_tokens"], obj["rest_tokens"], obj["completion_tokens"], obj[_LCP],
-        tuple(sorted(set(deps))),
-    )  # fmt: skip
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-# --- converting -------------------------------------------------------------------------------
+__all__ = ["Call", "calls_to_workload", "for_task", "import_trace", "load_calls", "parse_calls",
+           "recorded_job"]  # fmt: skip
 
 
 def calls_to_workload(
