@@ -5,7 +5,6 @@ dies midway). The real MetaGPT run is in test_metagpt_record.py."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -185,13 +184,15 @@ def test_tl_needs_the_main_branch_source(tmp_path: Path) -> None:
         record(workflow="mgx", out=tmp_path / "c.jsonl", **kw)
 
 
-def test_missing_venv_says_how_to_build_it(tmp_path: Path, responder: str) -> None:
+def test_missing_venv_says_how_to_build_it(
+    tmp_path: Path, responder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(TopasError, match="make metagpt-env"):
         record(workflow="sop", idea="x", base_url=responder, model="m",
                out=tmp_path / "c.jsonl", venv=tmp_path / "none")  # fmt: skip
-    os.environ.pop("TOPAS_METAGPT_VENV", None)
-    with pytest.raises(TopasError, match="make metagpt-env"):
-        metagpt_python(tmp_path / "none")
+    monkeypatch.setenv("TOPAS_METAGPT_VENV", str(tmp_path / "elsewhere"))
+    with pytest.raises(TopasError, match=r"no MetaGPT venv at .*elsewhere"):
+        metagpt_python()
 
 
 def test_a_run_that_dies_midway_keeps_its_calls(tmp_path: Path, responder: str) -> None:
@@ -234,7 +235,9 @@ def test_tl_source_whose_dependencies_are_missing_fails_clearly(
     (src / "metagpt" / "roles" / "di").mkdir(parents=True)
     (src / "metagpt" / "__init__.py").write_text("import htmlmin_is_not_installed_here\n")
     (src / "metagpt" / "roles" / "di" / "team_leader.py").write_text("")
-    venv = Path(sys.executable).parents[1]  # runs the hook with this interpreter
+    venv = tmp_path / "venv"  # runs the hook with this interpreter
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
     with pytest.raises(TopasError, match="exited with status 2") as e:
         record(workflow="tl", idea="x", base_url=responder, model="m", metagpt_src=src,
                out=tmp_path / "c.jsonl", venv=venv, workdir=tmp_path / "w")  # fmt: skip

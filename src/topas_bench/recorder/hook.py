@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import importlib.util
@@ -266,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         run_sop(args.idea, args.run_tests, args.n_round or (8 if args.run_tests else 5))
         print(f"recorder: {len(recorder.calls)} calls", file=sys.stderr)
         return 0
+    with contextlib.suppress(ImportError):  # before MetaGPT main, one of whose imports
+        import pandas  # noqa: F401  # stubs pyarrow, which pandas then trips over
     try:
-        import pandas  # noqa: F401  (before MetaGPT main: one of its imports stubs pyarrow)
-
         install(recorder)
         run_tl(args.idea, args.n_round or 50)
     except ModuleNotFoundError as e:
