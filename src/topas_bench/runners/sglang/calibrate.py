@@ -12,8 +12,10 @@ Decode: a step of the logged batch takes `running / gen throughput` seconds (the
 measured over the last interval) with `#token` KV tokens of context. In the cost model a decode
 step is memory-bound on every GPU we model:
 `T = c_step + c_layer L + c_req B + W/(BW eta_w) + kv_bytes ctx/(BW eta_kv)`, linear in
-(1, B, ctx): least squares gives c_req, eta_kv and, with the preset's c_step and c_layer kept
-(one intercept cannot separate them from eta_w), eta_w.
+(1, ctx) once the preset's `c_req B` is taken off: least squares gives eta_kv (the slope) and,
+with the preset's c_step and c_layer kept (one intercept cannot separate them from eta_w),
+eta_w. The overheads stay the preset's: c_req (microseconds per request) is lost in the noise of
+a step of tens of milliseconds, and the batch size moves with the context.
 Prefill: a prefill line's time is `#new-token / input throughput`, where SGLang measures the
 throughput over the time since the previous prefill line; under load, prefill batches run back
 to back and this is the batch's time. Lines of at least `min_prefill_tokens` new tokens are
@@ -107,15 +109,13 @@ def fit(
         )
     g, m, e = preset.gpu, preset.model, preset.efficiency
     bw = g.hbm_tbps * 1e12
-    x = np.column_stack(
-        [np.ones(len(d)), d["running"].to_numpy(float), d["tokens"].to_numpy(float)]
-    )
-    coef, *_ = np.linalg.lstsq(x, d["step_s"].to_numpy(float), rcond=None)
-    intercept, per_req, per_token = (float(c) for c in coef)
+    y = d["step_s"].to_numpy(float) - e.c_req_us * 1e-6 * d["running"].to_numpy(float)
+    x = np.column_stack([np.ones(len(d)), d["tokens"].to_numpy(float)])
+    (intercept, per_token), *_ = np.linalg.lstsq(x, y, rcond=None)
     fixed_s = (e.c_step_us + e.c_layer_us * m.n_layers) * 1e-6
-    eta_w = _fraction(m.weight_gb * 1e9 / (bw * (intercept - fixed_s)), e.eta_w)
-    eta_kv = _fraction(preset.kv_bytes_per_token / (bw * per_token), e.eta_kv)
-    c_req_us = max(per_req * 1e6, 0.0)
+    eta_w = _fraction(m.weight_gb * 1e9 / (bw * (float(intercept) - fixed_s)), e.eta_w)
+    eta_kv = _fraction(preset.kv_bytes_per_token / (bw * float(per_token)), e.eta_kv)
+    c_req_us = e.c_req_us
     p = batches.prefill.dropna()
     p = p[(p["new"] >= min_prefill_tokens) & (p["duration_s"] > 0)]
     eta_c = e.eta_c
@@ -126,7 +126,7 @@ def fit(
         overhead = fixed_s + c_req_us * 1e-6 * p["seqs"]
         compute_s = (p["duration_s"] - overhead).clip(lower=1e-9)
         eta_c = _fraction(float(np.median(flops / (g.peak_tflops * 1e12 * compute_s))), e.eta_c)
-    eff = replace(e, eta_c=eta_c, eta_w=eta_w, eta_kv=eta_kv, c_req_us=round(c_req_us, 3))
+    eff = replace(e, eta_c=eta_c, eta_w=eta_w, eta_kv=eta_kv)
     cost = CostModel(replace(preset, efficiency=eff))
     dec_err = [
         abs(cost.decode_step_s(int(b), int(c)) - s) / s

@@ -85,8 +85,8 @@ def calibrate(
     e = fit.efficiency
     typer.echo(
         f"fitted from {fit.decode_lines} decode and {fit.prefill_lines} prefill lines: "
-        f"eta_c {e.eta_c}, eta_w {e.eta_w}, eta_kv {e.eta_kv}, c_req_us {e.c_req_us} "
-        f"(c_step_us {e.c_step_us}, c_layer_us {e.c_layer_us} kept)"
+        f"eta_c {e.eta_c}, eta_w {e.eta_w}, eta_kv {e.eta_kv} (overheads kept: c_step_us "
+        f"{e.c_step_us}, c_layer_us {e.c_layer_us}, c_req_us {e.c_req_us})"
     )
     typer.echo(
         f"median relative error: decode {fit.decode_rel_err:.1%}, prefill "
