@@ -301,6 +301,57 @@ def retraction_order() -> None:
 
 
 @check
+def preemption_applied() -> None:
+    # The policy preempts a running request: the adder releases it the way SGLang's
+    # `preempt_to_schedule` does (release_req, filter_batch, preempt_list, total_offset). A real
+    # running ScheduleBatch needs a model runner, so the batch here records the calls.
+    from topas_bench.runners.sglang.adapter import TopasPrefillAdder, make_scheduler_class
+    from topas_bench.schedulers.base import Decision, Policy
+
+    w = _workload([("A", 10, 50), ("A", 20, 50), ("A", 30, 50)])
+    bridge, cache, alloc = _bridge("fcfs", 4000)
+    run = [_req(t, t.stages[0], 200) for t in w.tasks[:2]]
+    wait = [_req(w.tasks[2], w.tasks[2].stages[0], 200)]
+    for r in [*run, *wait]:
+        bridge.on_new_request(r)
+
+    class PreemptFirst(Policy):
+        name = "preempt-first"
+
+        def decide(self, view: Any) -> Decision:
+            return Decision(admit=list(view.waiting), preempt=[view.running[0]])
+
+    class Batch:
+        def __init__(self, reqs: list[Any]) -> None:
+            self.reqs, self.released = list(reqs), []
+
+        def release_req(self, idx: int, remaining: int) -> bool:
+            self.released.append((self.reqs[idx].rid, remaining))
+            return True
+
+        def filter_batch(self, keep_indices: list[int]) -> None:
+            self.reqs = [self.reqs[i] for i in keep_indices]
+
+    bridge.policy = PreemptFirst()
+    batch = Batch(run)
+    bridge.decide(wait, batch.reqs)
+    assert bridge.preempt_ids == {"t0/s0"}
+    cls = make_scheduler_class(lambda: bridge.policy, lambda: None)
+    sched = object.__new__(cls)  # the subclass's own methods, without a model runner
+    sched.topas = bridge
+    sched.new_token_ratio_tracker = type("T", (), {"current": 0.5})()
+    factory = sched.get_prefill_adder_class()
+    adder = factory(1, cache, alloc, batch, 0.5, 16384, 8192)
+    assert isinstance(adder, TopasPrefillAdder) and bridge.new_token_ratio == 0.5
+    assert batch.released == [("t0/s0", 1)] and [r.rid for r in batch.reqs] == ["t1/s0"]
+    assert [r.rid for r in adder.preempt_list] == ["t0/s0"]
+    # the offset of the released request is no longer held back: only t1's 50 tokens are
+    assert adder.memory_budget.total_offset == 50
+    bridge.tracker.sync([*wait, run[0]], batch.reqs)
+    assert bridge.tracker.requests["t0/s0"].preemptions == 1  # back in the queue: counted
+
+
+@check
 def differential_vs_sim() -> dict[str, Any]:
     # The same small workload (all tasks arriving at t = 0, empty cache) decided through the
     # adapter over SGLang's real PrefillAdder, and through the simulator: the first prefill
