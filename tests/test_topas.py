@@ -197,6 +197,23 @@ def test_delta_on_a_diamond_follows_sequential_updates() -> None:
     assert path.delta_share == {"B": pytest.approx(1.0), "C": pytest.approx(0.0)}
 
 
+def test_parallel_branches_share_their_joint_reduction() -> None:
+    # planner done, 8 symmetric workers waiting, joiner blocked: admitting all 8 saves one
+    # horizon on the critical path; each worker gets an eighth of it.
+    stages = {"P": StageV("P", children=tuple(f"W{i}" for i in range(8)), state=StageState.DONE)}
+    for i in range(8):
+        r = Req(i, "t", f"W{i}", queued_s=float(i))
+        stages[f"W{i}"] = StageV(
+            f"W{i}", deps=("P",), children=("J",), state=StageState.WAITING, request=r
+        )
+    stages["J"] = StageV("J", deps=tuple(f"W{i}" for i in range(8)))
+    task = TaskV("t", stages)
+    est = FixedEstimator({"P": 0.0, "J": 5.0, **{f"W{i}": 10.0 for i in range(8)}})
+    path = task_path(task, est, 4.0, [f"W{i}" for i in range(8)])  # type: ignore[arg-type]
+    assert path.length(4.0) == pytest.approx(10 + 4 + 5 + 4)
+    assert path.delta_share == {f"W{i}": pytest.approx(1 / 8) for i in range(8)}
+
+
 def test_delta_on_a_chain_is_the_horizon() -> None:
     task = chain_task("t", 1)
     est = FixedEstimator({"s0": 7.0, "s1": 2.0})
@@ -224,7 +241,7 @@ def test_gain_is_aging_times_delta_times_srpt_scale() -> None:
     g_long = 1 + math.log1p(200 / 300)
     assert cands["short"].gain == pytest.approx(g_short * 5 * mean / l_short)
     assert cands["long"].gain == pytest.approx(g_long * 5 * mean / l_long)
-    no_aging = Topas(horizon_s=5.0, use_aging=False)
+    no_aging = Topas(horizon_s=5.0, use_aging=False, srpt_exponent=1.0)
     cands = {c.req.task_id: c for c in no_aging._candidates(v, 5.0)}  # type: ignore[arg-type]
     assert cands["short"].gain == pytest.approx(5 * mean / l_short)
 
@@ -403,12 +420,14 @@ def test_greedy_search_finds_additive_optimum_beyond_m() -> None:
 
 
 # -- simulated properties ------------------------------------------------------------------------
-def stream(n_short: int, gap_s: float, long_output: int, long_input: int = 500) -> Workload:
-    """One long call at t=0, then a stream of short two-call tasks over three agents."""
+def stream(
+    n_short: int, gap_s: float, long_output: int, long_input: int = 500, long_at_s: float = 0.0
+) -> Workload:
+    """One long call at `long_at_s`, and a stream of short two-call tasks over three agents."""
     agents = ("a", "b", "c")
     long_prompt = (Segment(agent_key("a"), 1000), Segment("long/in", long_input))
     tasks = [
-        Task("long", "w", 0.0, (Stage("s0", "a", long_prompt, long_output,
+        Task("long", "w", long_at_s, (Stage("s0", "a", long_prompt, long_output,
                                       max_new_tokens=long_output),))
     ]  # fmt: skip
     for i in range(n_short):
@@ -436,8 +455,8 @@ def test_a_long_request_behind_a_stream_of_short_ones_does_not_starve() -> None:
     # with greedy backfilling keeps admitting short calls (log aging cannot outweigh a 40x
     # smaller remaining path), so without the starvation barrier it waits for the whole
     # stream; with it, its wait is bounded by starvation_factor x the mean remaining path.
-    w = stream(n_short=800, gap_s=1.0, long_output=1600, long_input=1500)
-    span = 0.5 + 800 * 1.0
+    w = stream(n_short=800, gap_s=1.0, long_output=1600, long_input=1500, long_at_s=5.0)
+    span = 0.5 + 800 * 1.0 - 5.0
     starved = run("topas", w, 4200, starvation_factor=0)
     bounded = run("topas", w, 4200)
     assert len(bounded.tasks) == len(w.tasks)

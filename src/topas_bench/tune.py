@@ -35,6 +35,8 @@ DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "rho": (0.0, 0.5, 1.0, 2.0),
     "h_age_s": (120.0, 300.0, 600.0, 1200.0),
     "max_actions": (2, 4, 8, 16),
+    "move_stall": (False, True),
+    "starvation_factor": (0.0, 2.0, 4.0, 8.0),
 }
 
 

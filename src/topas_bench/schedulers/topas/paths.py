@@ -7,7 +7,8 @@ for stages not yet sent). How waiting enters the path (an open choice of the pap
 waiting stage that is not admitted now, and every future stage, also carries `horizon_s` of
 expected queueing, so admitting a request removes its stage's horizon, and
 `delta(r) = L_i(H) - L_i(H + r)` is the critical-path time that admitting r now saves
-(`horizon_s` for a request on the critical path, less for one with slack in a DAG).
+(`horizon_s` for a request on the critical path, less for one with slack in a DAG). Parallel
+waiting branches share their joint reduction (see `task_path`).
 
 `TaskPath` keeps the result in a form that stays valid as the horizon moves: the critical
 path's service part and its number of horizon-carrying stages, and each waiting stage's delta
@@ -75,22 +76,37 @@ def longest_path(
 def task_path(
     task: TaskView, est: ServiceEstimator, horizon_s: float, waiting: Sequence[str]
 ) -> TaskPath:
-    """L_i and the delta of each waiting stage in `waiting`, admitted one after another
-    (sequential updates: the second sees the first as admitted)."""
+    """L_i and each waiting stage's share of the path reduction from admitting them.
+
+    One waiting stage: its delta is `L(H) - L(H + r)`. Several (parallel branches): admitting
+    all of them shortens the path by `L(none) - L(all)`, and each gets a share of that in
+    proportion to its leave-one-out marginal `L(all but r) - L(all)` (equal shares if no single
+    one matters). Sequential updates in a fixed order would give the whole reduction to the
+    last branch and none to the others, so a pack could never see the value of starting the
+    first ones; the shares sum to the same joint reduction.
+    """
     w = stage_weights(task, est)
     length, service, hops = longest_path(task, w, horizon_s)
     shares: dict[str, float] = {}
+    if horizon_s <= 0 or not hops:
+        return TaskPath(service, hops, dict.fromkeys(waiting, 0.0))
     if len(waiting) == 1 and _is_chain(task):
         # A chain: the only waiting stage is the frontier, always on the critical path.
-        shares[waiting[0]] = 1.0 if hops else 0.0
-    else:
-        current = length
-        for sid in waiting:
-            svc, _ = w[sid]
-            w[sid] = (svc, 0)
-            nxt = longest_path(task, w, horizon_s)[0]
-            shares[sid] = (current - nxt) / horizon_s if horizon_s > 0 else 0.0
-            current = nxt
+        return TaskPath(service, hops, {waiting[0]: 1.0})
+    admitted = dict(w)
+    for sid in waiting:
+        admitted[sid] = (w[sid][0], 0)
+    floor = longest_path(task, admitted, horizon_s)[0]
+    total = length - floor
+    marginal = {}
+    for sid in waiting:
+        admitted[sid] = w[sid]
+        marginal[sid] = longest_path(task, admitted, horizon_s)[0] - floor
+        admitted[sid] = (w[sid][0], 0)
+    weight = sum(marginal.values())
+    for sid in waiting:
+        part = marginal[sid] / weight if weight > 0 else 1.0 / len(waiting)
+        shares[sid] = total * part / horizon_s
     return TaskPath(service, hops, shares)
 
 

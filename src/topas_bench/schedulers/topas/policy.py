@@ -247,6 +247,8 @@ class Topas(Policy):
         for r in view.running:
             if view.now_s - r.ready_s > self._starve_limit:
                 continue  # a request past the starvation limit keeps its place
+            if r.preemptions >= self.p.max_preemptions:
+                continue  # no request is bounced more than max_preemptions times
             shared = prefixes[r.agent].tokens if r.agent in prefixes and agents[r.agent] > 1 else 0
             frees = r.prompt_tokens + r.generated - shared
             frees += int(est.residual_tokens(r.agent, r.kind, r.generated))
