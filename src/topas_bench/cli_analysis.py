@@ -139,8 +139,9 @@ def sweep(
         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
         TextColumn("{task.fields[last]}"), console=err,
     ) as progress:  # fmt: skip
+        workers = jobs if jobs is not None else os.cpu_count() or 1
         result = run_sweep(
-            [s for s, _ in specs], target, jobs=jobs if jobs is not None else os.cpu_count() or 1, executor=executor,
+            [s for s, _ in specs], target, jobs=workers, executor=executor,
             address=address, force=force, compact=compact, progress=_Bar(progress),
         )  # fmt: skip
     ran = len(result.ran) - len(result.failed)

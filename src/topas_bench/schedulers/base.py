@@ -126,6 +126,7 @@ class TaskView(Protocol):
     def stages(self) -> Mapping[str, StageView]:
         """Stages in topological order."""
         ...
+
     @property
     def version(self) -> int:
         """Changes whenever any stage changes state (lets policies memoise per task)."""
