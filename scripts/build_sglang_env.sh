@@ -26,7 +26,7 @@ rm -rf "$VENV"
 # The project and its own (light) dependencies; torch stays the CPU wheel.
 CONS=$(mktemp)
 trap 'rm -f "$CONS"' EXIT
-echo "torch==$TORCH_VERSION" >"$CONS"
+printf "torch==%s\npython-dateutil<3\n" "$TORCH_VERSION" >"$CONS"  # sglang pins dateutil<3
 "${PIP[@]}" -c "$CONS" -e "$ROOT"
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 cp "$HERE/sglang_cpu_stubs.py" "$SITE/sglang_cpu_stubs.py"

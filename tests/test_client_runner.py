@@ -320,6 +320,9 @@ def test_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
         app, _run_args(tmp_path, "--endpoint", "http://127.0.0.1:1", scheduler="fcfs,lpm")
     )
     assert r.exit_code == 2 and "give exactly one --scheduler" in r.output
+    r = CliRunner().invoke(app, _run_args(tmp_path, "--model", str(tmp_path), "--length-hint",
+                                          "oracle"))  # fmt: skip
+    assert r.exit_code == 2 and "simulator settings" in r.output
     r = CliRunner().invoke(app, _run_args(tmp_path, "--model", str(tmp_path), "--server-python",
                                           str(tmp_path / "python9")))  # fmt: skip
     assert r.exit_code == 2 and "--server-python" in r.output and "does not exist" in r.output

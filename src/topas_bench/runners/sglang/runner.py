@@ -99,6 +99,11 @@ def options(
             "--endpoint serves one scheduler (the one its server was started with); give "
             f"exactly one --scheduler, got {', '.join(plan.schedulers)}"
         )
+    if plan.sim.length_hint != "none" or plan.sim.host_tier_tokens:
+        raise TopasError(
+            "--length-hint and --host-tier-tokens are simulator settings; a real server has "
+            "neither (use SGLang's own --enable-hierarchical-cache via --sglang-arg)"
+        )
     if server_python is not None and not Path(server_python).exists():
         raise TopasError(f"--server-python {server_python} does not exist")
     if model is not None and not Path(model).exists() and not looks_like_hub_id(model):
