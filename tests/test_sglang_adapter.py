@@ -57,6 +57,7 @@ if __name__ != "__main__":  # the SGLang venv has no pytest
             "admission_respects_sglang_budget",
             "admission_stops_at_policy_cut",
             "kept_prefix_survives_eviction",
+            "pins_yield_on_an_idle_server",
             "malformed_custom_params",
             "retraction_order",
             "differential_vs_sim",
@@ -262,6 +263,29 @@ def kept_prefix_survives_eviction() -> None:
     assert cache.protected_size() == 0 and cache.evictable_size() == 300
     cache.evict(EvictParams(num_tokens=10_000))
     assert bridge.match(_agent_ids("A", 300)).device_prefix_len == 0
+
+
+@check
+def pins_yield_on_an_idle_server() -> None:
+    # Two kept prefixes leave too little memory for a request of a third agent while nothing
+    # runs: the adder drops the pins and admits it (the simulator's liveness rule).
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    bridge, cache, alloc = _bridge("fcfs", 1000)
+    w = _workload([("A", 10, 10), ("B", 10, 10), ("C", 100, 100)], prefix=300)
+    reqs = [_req(t, t.stages[0], 300) for t in w.tasks]
+    for r in reqs:
+        bridge.on_new_request(r)
+    for agent in ("A", "B"):
+        ids = _agent_ids(agent, 300)
+        cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=alloc.alloc(len(ids))))
+    bridge.keep(frozenset({"A", "B"}), [])
+    assert cache.protected_size() == 600
+    adder = _admit_pass(bridge, cache, alloc, [reqs[2]])
+    assert [r.rid for r in adder.can_run_list] == ["t2/s0"] and not bridge.pins
 
 
 @check

@@ -56,6 +56,7 @@ from topas_bench.schedulers.base import Decision, Policy, PrefixLocation, Prefix
 from topas_bench.schedulers.estimator import ServiceEstimator
 
 SGLANG_VERSION = "0.5.23"
+STATUS_EVERY = 1000  # decisions between status lines in the server log
 logger = logging.getLogger("topas_bench.sglang")
 
 
@@ -108,8 +109,15 @@ class Bridge:
         view = SglangView(self, waiting_queue, running)
         t0 = time.perf_counter()
         decision = self.policy.decide(view) if waiting_queue else Decision()
-        self.decision_wall_s = time.perf_counter() - t0
+        self.decision_wall_s += time.perf_counter() - t0
         self.decisions += 1
+        if self.decisions % STATUS_EVERY == 0:
+            logger.info(
+                "topas: %d decisions, mean %.3f ms; %d live tasks; untagged_requests=%d %s",
+                self.decisions, 1e3 * self.decision_wall_s / self.decisions,
+                len(self.tracker.tasks), sum(self.tracker.untagged.values()),
+                self.tracker.untagged,
+            )  # fmt: skip
         by_id = {r.rid: r for r in waiting_queue}
         first = [
             by_id.pop(req.engine.rid)
@@ -314,6 +322,11 @@ class TopasPrefillAdder(PrefillAdder):  # type: ignore[misc]
         if allowed is not None and req.rid not in allowed:
             return AddReqResult.OTHER  # the policy admits nobody past this point
         res = super().add_one_req(req, has_chunked_req, truncation_align_size)
+        idle = not self.can_run_list and (self.running_batch is None or not self.running_batch.reqs)
+        if res == AddReqResult.NO_TOKEN and idle and self.bridge.pins:
+            # Liveness (as the simulator): kept prefixes may not starve an idle server.
+            self.bridge.release_pins()
+            res = super().add_one_req(req, has_chunked_req, truncation_align_size)
         if self.can_run_list and self.can_run_list[-1] is req:
             self.bridge.tracker.admitted(req)
         return res
