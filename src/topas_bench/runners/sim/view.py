@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from topas_bench.runners.sim.admission import PrefillAdder, running_offset
 from topas_bench.schedulers.base import PrefixLocation, PrefixView, RequestView, TaskView
@@ -115,7 +115,5 @@ class SimView:
 
     @staticmethod
     def _req(req: RequestView) -> SimRequest:
-        from topas_bench.runners.sim.state import SimRequest
-
-        assert isinstance(req, SimRequest)
-        return req
+        # Policies only hand back requests this view gave them (the engine checks on apply).
+        return cast("SimRequest", req)

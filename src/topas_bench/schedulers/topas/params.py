@@ -31,7 +31,7 @@ srpt_exponent (0.0, tuned): how waiting enters the path: each task's critical-pa
 preempt_margin_s (20.0, tuned): a preemption must gain this much more than its redo + revoke
     cost, so near-ties never preempt (5 s preempted 4x as often and was 3% worse).
 max_preemptions (1): a request is preempted at most this many times (no ping-pong).
-scan_limit (64): GREEDY-PACK skips requests that do not fit and continues down the ranked
+scan_limit (32): GREEDY-PACK skips requests that do not fit and continues down the ranked
     list for at most max(scan_limit, 4 K) candidates (the list itself spans the whole queue).
 refresh_limit (128): per decision, at most this many waiting tasks whose paths are stale only
     because the estimator learned since get recomputed (stalest first); a task whose own state
@@ -68,7 +68,7 @@ class TopasParams:
     horizon_s: float | None = None
     srpt_exponent: float = 0.0
     preempt_margin_s: float = 20.0
-    scan_limit: int = 64
+    scan_limit: int = 32
     use_reuse: bool = True
     use_aging: bool = True
     density: bool = False

@@ -148,36 +148,39 @@ class Topas(Policy):
         # every task whose running request stalls while the prefix is recomputed or loaded.
         affected = 1 + (len({r.task_id for r in view.running}) if self.p.move_stall else 0)
         scan = max(self.p.scan_limit, 4 * self.p.max_actions)
+        # Requests sent longer ago than starvation_factor x the mean remaining path go first,
+        # oldest first, and block backfilling until they fit (`greedy_pack`); once running
+        # they are not preempted (`_victims`).
+        factor = self.p.starvation_factor
+        limit = self._starve_limit = factor * mean_path if factor > 0 else math.inf
+        urgent: list[RequestView] = []
         heap: list[tuple[float, float, int, float, float, RequestView]] = []
         for r in waiting:
+            if now - r.ready_s > limit:
+                urgent.append(r)
             m = move.get(r.agent)
             if m is None:
                 m = move[r.agent] = view.reload_s(r.agent) * affected
             tid = r.task_id
             gain = weight[tid] * paths[tid].delta_share[r.stage_id]
-            # max-heap on the sort key (net desc, queued asc, rid asc) via negation
-            item = (gain - m, -r.queued_s, -r.rid, gain, m, r)
+            net = gain - m
+            if len(heap) >= scan and net < heap[0][0]:
+                continue  # cannot enter the best `scan`
+            # min-heap of the best so far on the sort key (net desc, queued asc, rid asc)
+            item = (net, -r.queued_s, -r.rid, gain, m, r)
             if len(heap) < scan:
                 heapq.heappush(heap, item)
             elif item[:3] > heap[0][:3]:
                 heapq.heapreplace(heap, item)
         heap.sort(reverse=True)
         chosen = [(gain, m, r, False) for _, _, _, gain, m, r in heap]
-        self._starve_limit = math.inf
-        if self.p.starvation_factor > 0:
-            # Requests sent longer ago than starvation_factor x the mean remaining path go
-            # first, oldest first, and block backfilling until they fit (`greedy_pack`); once
-            # running they are not preempted (`_victims`).
-            limit = self._starve_limit = self.p.starvation_factor * mean_path
-            urgent = sorted(
-                (r for r in waiting if now - r.ready_s > limit), key=lambda r: (r.ready_s, r.rid)
-            )
-            if urgent:
-                first = {r.rid for r in urgent}
-                gains = {r.rid: (gain, m) for gain, m, r, _ in chosen}
-                chosen = [
-                    (*gains.get(r.rid, (0.0, move.get(r.agent, 0.0))), r, True) for r in urgent
-                ] + [c for c in chosen if c[2].rid not in first]
+        if urgent:
+            urgent.sort(key=lambda r: (r.ready_s, r.rid))
+            first = {r.rid for r in urgent}
+            gains = {r.rid: (gain, m) for gain, m, r, _ in chosen}
+            chosen = [
+                (*gains.get(r.rid, (0.0, move.get(r.agent, 0.0))), r, True) for r in urgent
+            ] + [c for c in chosen if c[2].rid not in first]
         prefixes = {p.agent: p for p in view.prefixes()}
         out = []
         for gain, m, r, is_urgent in chosen:
