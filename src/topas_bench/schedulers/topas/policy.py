@@ -128,21 +128,19 @@ class Topas(Policy):
         """
         waiting = view.waiting
         paths = self._paths(view, horizon)
-        lengths = {tid: p.length(horizon) for tid, p in paths.items()}
-        mean_path = sum(lengths.values()) / len(lengths)
+        mean_path = sum(p.service_s + p.hops * horizon for p in paths.values()) / len(paths)
         alpha, rho, h_age = self.p.srpt_exponent, self.p.rho, self.p.h_age_s
         aging = self.p.use_aging
         now = view.now_s
         tasks = view.tasks
+        log1p = math.log1p
         weight: dict[str, float] = {}  # per task: g_i * srpt scale * horizon
-        for tid, length in lengths.items():
-            g = (
-                1.0 + rho * math.log1p(max(now - tasks[tid].arrival_s, 0.0) / h_age)
-                if aging
-                else 1.0
-            )
-            scale = (mean_path / length) ** alpha if length > 0 and alpha else 1.0
-            weight[tid] = g * scale * horizon
+        for tid, p in paths.items():
+            g = 1.0 + rho * log1p(max(now - tasks[tid].arrival_s, 0.0) / h_age) if aging else 1.0
+            if alpha:
+                length = p.service_s + p.hops * horizon
+                g *= (mean_path / length) ** alpha if length > 0 else 1.0
+            weight[tid] = g * horizon
         move: dict[str, float] = {}
         # J_move is charged to each affected task: the admitted one, and (with move_stall)
         # every task whose running request stalls while the prefix is recomputed or loaded.
