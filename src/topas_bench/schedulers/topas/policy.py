@@ -182,9 +182,11 @@ class Topas(Policy):
         prefixes = {p.agent: p for p in view.prefixes()}
         out = []
         for gain, m, r, is_urgent in chosen:
-            p = prefixes.get(r.agent)
-            resident = p is not None and p.where == PrefixLocation.GPU
-            unlocked = p.tokens if p is not None and resident and p.locks == 0 and not p.kept else 0
+            pv = prefixes.get(r.agent)
+            resident = pv is not None and pv.where == PrefixLocation.GPU
+            unlocked = (
+                pv.tokens if pv is not None and resident and pv.locks == 0 and not pv.kept else 0
+            )
             out.append(
                 Candidate(
                     req=r,
