@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fakes import FakeRequest, FakeStage
 from topas_bench.errors import TopasError, UnknownNameError
 from topas_bench.experiment import plan_run, run_cell
 from topas_bench.results import TABLES, read_meta, read_table
@@ -35,39 +36,6 @@ COST = CostModel(load_preset("a100-qwen32b"))
 
 
 # -- fake views implementing the protocols of schedulers/base.py -------------------------------
-@dataclass
-class FakeRequest:
-    rid: int
-    task_id: str
-    stage_id: str
-    agent: str = "a"
-    kind: str = "k"
-    prompt: tuple[Segment, ...] = ()
-    generated: int = 0
-    ready_s: float = 0.0
-    queued_s: float = 0.0
-    admitted_s: float | None = None
-    preemptions: int = 0
-    service_s: float = 0.0
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(s.tokens for s in self.prompt)
-
-
-@dataclass
-class FakeStage:
-    id: str
-    agent: str = "a"
-    kind: str = "k"
-    deps: tuple[str, ...] = ()
-    children: tuple[str, ...] = ()
-    prompt_tokens: int = 1000
-    delay_s: float = 0.0
-    state: StageState = StageState.BLOCKED
-    request: FakeRequest | None = None
-
-
 @dataclass
 class FakeTask:
     id: str

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fakes import FakeRequest, FakeStage
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
@@ -33,43 +34,19 @@ COST = CostModel(PRESET)
 
 
 # -- fakes -----------------------------------------------------------------------------------------
-@dataclass
-class Req:
-    rid: int
-    task_id: str
-    stage_id: str
-    agent: str = "a"
-    kind: str = ""
-    prompt: tuple[Segment, ...] = (Segment("agent:a", 900), Segment("x", 100))
-    generated: int = 0
-    ready_s: float = 0.0
-    queued_s: float = 0.0
-    admitted_s: float | None = None
-    preemptions: int = 0
-    service_s: float = 0.0
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(s.tokens for s in self.prompt)
+def Req(rid: int, task_id: str, stage_id: str, **kw: Any) -> FakeRequest:
+    """A request with a 1,000-token prompt (900 of them agent a's prefix)."""
+    kw.setdefault("prompt", (Segment("agent:a", 900), Segment("x", 100)))
+    return FakeRequest(rid, task_id, stage_id, **kw)
 
 
-@dataclass
-class StageV:
-    id: str
-    agent: str = "a"
-    kind: str = ""
-    deps: tuple[str, ...] = ()
-    children: tuple[str, ...] = ()
-    prompt_tokens: int = 1000
-    delay_s: float = 0.0
-    state: StageState = StageState.BLOCKED
-    request: Req | None = None
+StageV = FakeStage
 
 
 @dataclass
 class TaskV:
     id: str
-    stages: dict[str, StageV]
+    stages: dict[str, FakeStage]
     arrival_s: float = 0.0
     workflow: str = "w"
     attained_s: float = 0.0
