@@ -168,8 +168,11 @@ def test_second_run_reuses_cells_and_force_reruns(tmp_path: Path) -> None:
     first = rows(ok(*args))
     assert {"fcfs", "parrot"} <= set(first)
 
-    second = rows(ok(*args))
+    assert "was reused" not in text(ok(*args, "-s", "lpm"))
+    again = ok(*args)
+    second = rows(again)
     assert list(second) == ["fcfs (cached)", "parrot (cached)"]
+    assert "pass --force after changing a policy" in text(again)
     for name in ("fcfs", "parrot"):
         assert second[f"{name} (cached)"] == first[name]
 

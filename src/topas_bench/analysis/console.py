@@ -82,6 +82,11 @@ def print_run_table(console: Console, plan: RunPlan, cells: Sequence[CellResult]
         row += [f"{c.sim_time_s:,.0f}", f"{c.wall_s:.1f}"]
         table.add_row(*row)
     console.print(table)
+    if any(c.cached for c in cells):
+        console.print(
+            "(cached): a stored run with the same identity was reused; the identity does not "
+            "cover the code, so pass --force after changing a policy or the engine"
+        )
     if cells:
         console.print(f"results: {cells[0].run_dir.parent.parent.parent}/")
 
