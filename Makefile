@@ -82,6 +82,29 @@ $(METAGPT_VENV)/.installed: $(METAGPT_LOCK) $(METAGPT_EXTRA)
 	$(METAGPT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r $(METAGPT_EXTRA)
 	touch $@
 
+## metagpt-main-env: the venv for MetaGPT main's TeamLeader workflow (.venvs/metagpt-main, about
+## 1 min), from requirements/metagpt-main-py311-lock.txt. MetaGPT main is in no release: the recorder
+## puts a checkout on sys.path (`trace record --workflow tl --metagpt-src DIR`); if METAGPT_SRC holds
+## one, the build ends by importing the TL roles from it.
+METAGPT_MAIN_VENV ?= .venvs/metagpt-main
+METAGPT_MAIN_LOCK := requirements/metagpt-main-py311-lock.txt
+METAGPT_SRC       ?= .venvs/metagpt-main-src
+
+metagpt-main-env: $(METAGPT_MAIN_VENV)/.installed
+	@if [ -f $(METAGPT_SRC)/metagpt/roles/di/team_leader.py ]; then \
+	  bash scripts/check_metagpt_main.sh $(METAGPT_MAIN_VENV) $(METAGPT_SRC); \
+	else echo "no MetaGPT main checkout at $(METAGPT_SRC) (METAGPT_SRC=DIR): import not checked"; fi
+
+$(METAGPT_MAIN_VENV)/.installed: $(METAGPT_MAIN_LOCK) $(METAGPT_EXTRA)
+	rm -rf $(METAGPT_MAIN_VENV)
+	$(METAGPT_PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] >= (3, 12) and "MetaGPT main needs Python < 3.12; set METAGPT_PYTHON")'
+	$(METAGPT_PYTHON) -m venv $(METAGPT_MAIN_VENV)
+	$(METAGPT_MAIN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r $(METAGPT_MAIN_LOCK)
+	$(METAGPT_MAIN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r $(METAGPT_EXTRA)
+	touch $@
+
+.PHONY: metagpt-main-env
+
 ## sglang-env: SGLang 0.5.23's scheduler classes on CPU, in .venvs/sglang (scripts/build_sglang_env.sh,
 ## ~1.5 GB, ~5 min once). SGLang cannot serve on a CPU; the adapter tests run in this venv.
 SGLANG_VENV ?= .venvs/sglang

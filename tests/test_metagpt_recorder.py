@@ -195,6 +195,25 @@ def test_missing_venv_says_how_to_build_it(
         metagpt_python()
 
 
+def test_tl_runs_in_the_main_venv(
+    tmp_path: Path, responder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--workflow tl never falls back on the 0.8.2 venv: its own, or an error naming the target."""
+    src = tmp_path / "MetaGPT"
+    (src / "metagpt" / "roles" / "di").mkdir(parents=True)
+    (src / "metagpt" / "roles" / "di" / "team_leader.py").write_text("")
+    monkeypatch.setenv("TOPAS_METAGPT_VENV", str(tmp_path / "sop-venv"))  # ignored by tl
+    monkeypatch.setenv("TOPAS_METAGPT_MAIN_VENV", str(tmp_path / "main-venv"))
+    with pytest.raises(
+        TopasError, match=r"no MetaGPT main venv .*main-venv.*make metagpt-main-env"
+    ):
+        record(workflow="tl", idea="x", base_url=responder, model="m", metagpt_src=src,
+               out=tmp_path / "c.jsonl")  # fmt: skip
+    (tmp_path / "main-venv" / "bin").mkdir(parents=True)
+    (tmp_path / "main-venv" / "bin" / "python").write_text("")
+    assert metagpt_python(workflow="tl") == tmp_path / "main-venv" / "bin" / "python"
+
+
 def test_a_run_that_dies_midway_keeps_its_calls(tmp_path: Path, responder: str) -> None:
     """A stand-in for the venv's python: records two calls with the real hook, then crashes."""
     venv = tmp_path / "venv"

@@ -108,17 +108,21 @@ def trace_record(
         Path | None, typer.Option(help="tl: a checkout of MetaGPT's main branch.")
     ] = None,
     metagpt_venv: Annotated[
-        Path | None, typer.Option(help="MetaGPT venv (default: .venvs/metagpt).")
+        Path | None,
+        typer.Option(help="MetaGPT venv (default: .venvs/metagpt; tl: .venvs/metagpt-main)."),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
 ) -> None:
     """Run MetaGPT's software company in its venv, record every LLM call, import the trace.
 
-    Needs `make metagpt-env` once. Prompt text is kept only with --keep-text.
+    Needs `make metagpt-env` once (tl: `make metagpt-main-env` and a checkout of MetaGPT's main
+    branch). Prompt text is kept only with --keep-text.
 
-    Example:
+    Examples:
       topas-bench trace record --idea "a 2048 game" --base-url http://127.0.0.1:30000/v1 \\
         --model qwen -o calls.jsonl
+      topas-bench trace record --workflow tl --metagpt-src ../MetaGPT --idea "a 2048 game" \\
+        --base-url http://127.0.0.1:30000/v1 --model qwen -o tl-calls.jsonl
     """
     from topas_bench.cli import out
     from topas_bench.recorder.record import record

@@ -1,6 +1,7 @@
 """Records every LLM call of a MetaGPT run. Runs INSIDE the MetaGPT venv, as a script:
 
     .venvs/metagpt/bin/python hook.py --workflow sop --idea "..." --out calls.jsonl [--keep-text]
+    .venvs/metagpt-main/bin/python hook.py --workflow tl --metagpt-src DIR --idea "..." --out ...
 
 It imports only the standard library and MetaGPT (and tiktoken, which MetaGPT pins), never
 topas_bench. `topas_bench.recorder.record` starts it with ``METAGPT_PROJECT_ROOT`` and ``HOME``
@@ -275,9 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:
         print(
             f"recorder: MetaGPT main from {args.metagpt_src} needs the module {e.name!r}, which "
-            "this venv (MetaGPT 0.8.2's pins) lacks: main pins a different dependency set "
-            "(openai 1.64, grep-ast, tree-sitter, lancedb 0.4.0, ...): give --metagpt-venv a venv "
-            "built from that checkout's requirements.",
+            f"this venv ({sys.prefix}) lacks: main pins its own dependency set (openai 1.64, "
+            "grep-ast, tree-sitter, ...), not 0.8.2's; build its venv with "
+            "`make metagpt-main-env` (requirements/metagpt-main-py311-lock.txt).",
             file=sys.stderr,
         )
         return 2

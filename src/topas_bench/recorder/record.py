@@ -7,8 +7,9 @@ point there, so no user config leaks in), and runs `hook.py` there as a child pr
 writes one JSONL line per finished call, so an interrupted or failed run keeps what it recorded.
 
 The TeamLeader workflow exists only on MetaGPT's GitHub main branch, in no PyPI release:
-``--workflow tl`` needs ``--metagpt-src`` pointing at a checkout of it, which the hook puts in
-front of the venv's MetaGPT 0.8.2 on ``sys.path``.
+``--workflow tl`` needs ``--metagpt-src`` pointing at a checkout of it, which the hook puts first
+on ``sys.path``, and runs in its own venv, ``.venvs/metagpt-main`` (``make metagpt-main-env``:
+main's dependency set, which 0.8.2's pins do not satisfy).
 """
 
 from __future__ import annotations
@@ -26,9 +27,15 @@ from pathlib import Path
 from topas_bench.errors import TopasError
 
 HOOK = Path(__file__).with_name("hook.py")
-#: Overrides where the MetaGPT venv is looked for.
+#: Override where the MetaGPT venv of each workflow is looked for.
 VENV_ENV = "TOPAS_METAGPT_VENV"
+MAIN_VENV_ENV = "TOPAS_METAGPT_MAIN_VENV"
 WORKFLOWS = ("sop", "tl")
+#: per workflow: (venv directory under .venvs, its override variable, the make target building it)
+VENVS = {
+    "sop": ("metagpt", VENV_ENV, "make metagpt-env"),
+    "tl": ("metagpt-main", MAIN_VENV_ENV, "make metagpt-main-env"),
+}
 
 
 @dataclass(frozen=True)
@@ -39,21 +46,24 @@ class Recording:
     workdir: Path
 
 
-def metagpt_python(venv: Path | None = None) -> Path:
-    """The MetaGPT venv's python: `venv`, $TOPAS_METAGPT_VENV, this checkout's .venvs/metagpt
-    or ./.venvs/metagpt."""
+def metagpt_python(venv: Path | None = None, workflow: str = "sop") -> Path:
+    """The python of `workflow`'s MetaGPT venv: `venv`, else the workflow's override variable
+    ($TOPAS_METAGPT_VENV for sop, $TOPAS_METAGPT_MAIN_VENV for tl), else .venvs/metagpt (sop) or
+    .venvs/metagpt-main (tl) in this checkout or the current directory."""
+    name, env_var, make = VENVS[workflow]
     candidates = [venv] if venv is not None else []
-    if not candidates and os.environ.get(VENV_ENV):
-        candidates = [Path(os.environ[VENV_ENV])]
+    if not candidates and os.environ.get(env_var):
+        candidates = [Path(os.environ[env_var])]
     if not candidates:
         repo = Path(__file__).resolve().parents[3]  # src/topas_bench/recorder/record.py
-        candidates = [repo / ".venvs" / "metagpt", Path.cwd() / ".venvs" / "metagpt"]
+        candidates = [repo / ".venvs" / name, Path.cwd() / ".venvs" / name]
     for c in candidates:
         python = c / "bin" / "python"
         if python.exists():
             return python
     where = ", ".join(str(c) for c in candidates)
-    raise TopasError(f"no MetaGPT venv at {where}; build it with `make metagpt-env`")
+    what = "MetaGPT venv" if workflow == "sop" else "MetaGPT main venv (for --workflow tl)"
+    raise TopasError(f"no {what} at {where}; build it with `{make}`")
 
 
 def check_server(base_url: str, timeout_s: float = 5.0) -> None:
@@ -116,7 +126,7 @@ def record(
         raise TopasError("--idea is empty")
     src = check_metagpt_src(metagpt_src) if workflow == "tl" else None
     check_server(base_url)
-    python = metagpt_python(venv)
+    python = metagpt_python(venv, workflow)
     work = Path(tempfile.mkdtemp(prefix="topas-metagpt-")) if workdir is None else workdir
     work.mkdir(parents=True, exist_ok=True)
     write_config(work, base_url, model, api_key)

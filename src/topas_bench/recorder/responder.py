@@ -1,6 +1,10 @@
-"""A scripted OpenAI-compatible chat server that walks MetaGPT 0.8.2's SOP to the end, offline.
+"""A scripted OpenAI-compatible chat server that walks a MetaGPT workflow to the end, offline.
 
     python -m topas_bench.recorder.responder [--port 0] [--files 2] [--reviews LBTM,LGTM]
+    python -m topas_bench.recorder.responder --workflow tl [--port 0] [--files 2]
+
+``--workflow tl`` answers MetaGPT main's TeamLeader workflow with JSON command lists
+(`tl_script.TLScript`); the default ``sop`` answers MetaGPT 0.8.2's SOP as below.
 
 prints ``listening on http://127.0.0.1:PORT/v1`` and serves until killed. Standard library
 only (asyncio streams). It answers ``GET /v1/models`` and ``POST /v1/chat/completions``, plain or
@@ -30,10 +34,18 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
+
+from topas_bench.recorder.tl_script import TLScript
 
 _BLOCK = re.compile(r"\[CONTENT\](.*?)\[/CONTENT\]", re.S)
 _REVIEW_TAG = "topas-review-id"
+
+
+class Replier(Protocol):
+    calls: int
+
+    def reply(self, messages: list[dict[str, Any]]) -> str: ...
 
 
 class Script:
@@ -95,7 +107,7 @@ def _usage(prompt: str, reply: str) -> dict[str, int]:
 
 
 async def _handle(
-    script: Script, model: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    script: Replier, model: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -128,7 +140,7 @@ async def _handle(
 
 
 def _route(
-    script: Script, model: str, method: str, path: str, body: bytes
+    script: Replier, model: str, method: str, path: str, body: bytes
 ) -> tuple[str, Any, list[str] | None]:
     if method == "GET" and path.rstrip("/").endswith("/models"):
         return "200 OK", {"object": "list", "data": [{"id": model, "object": "model"}]}, None
@@ -157,7 +169,7 @@ def _route(
     )
 
 
-async def serve(port: int, script: Script, model: str = "scripted") -> None:
+async def serve(port: int, script: Replier, model: str = "scripted") -> None:
     server = await asyncio.start_server(
         lambda r, w: _handle(script, model, r, w), host="127.0.0.1", port=port
     )
@@ -168,14 +180,17 @@ async def serve(port: int, script: Script, model: str = "scripted") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Scripted OpenAI-compatible server for MetaGPT's SOP")
+    ap = argparse.ArgumentParser(description="Scripted OpenAI-compatible server for MetaGPT")
     ap.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
-    ap.add_argument("--files", type=int, default=2, help="code files in the design and task list")
-    ap.add_argument("--reviews", default="LBTM,LGTM", help="review verdicts, cycled")
+    ap.add_argument("--workflow", choices=("sop", "tl"), default="sop")
+    ap.add_argument("--files", type=int, default=2, help="code files the engineer writes")
+    ap.add_argument("--reviews", default="LBTM,LGTM", help="sop: review verdicts, cycled")
     args = ap.parse_args(argv)
     reviews = tuple(v.strip() for v in args.reviews.split(",") if v.strip())
+    files = max(1, args.files)
+    script: Replier = TLScript(files) if args.workflow == "tl" else Script(files, reviews)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port, Script(max(1, args.files), reviews)))
+        asyncio.run(serve(args.port, script))
     return 0
 
 
