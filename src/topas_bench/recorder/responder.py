@@ -30,15 +30,13 @@ import asyncio
 import contextlib
 import itertools
 import json
-import re
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from topas_bench.recorder.tl_script import TLScript
+from topas_bench.recorder.tl_script import TLScript, content_example
 
-_BLOCK = re.compile(r"\[CONTENT\](.*?)\[/CONTENT\]", re.S)
 _REVIEW_TAG = "topas-review-id"
 
 
@@ -59,7 +57,7 @@ class Script:
     def reply(self, messages: list[dict[str, Any]]) -> str:
         self.calls += 1
         prompt = "\n".join(str(m.get("content", "")) for m in messages)
-        if (example := self._example(prompt)) is not None:
+        if (example := content_example(prompt)) is not None:
             return "[CONTENT]\n" + json.dumps(self._fill(example), indent=2) + "\n[/CONTENT]"
         if "LGTM" in prompt and _REVIEW_TAG not in prompt:
             verdict = next(self.verdicts)
@@ -75,17 +73,6 @@ class Script:
             f"def compute_step(i, n):\n    return i * n\n\n\ndef run_{self.calls}():\n{body}\n"
             f"    return value_{self.calls}_0\n```\n"
         )
-
-    @staticmethod
-    def _example(prompt: str) -> dict[str, Any] | None:
-        for block in _BLOCK.findall(prompt):
-            try:
-                obj = json.loads(block)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and obj:
-                return obj
-        return None
 
     def _fill(self, obj: dict[str, Any]) -> dict[str, Any]:
         out = dict(obj)

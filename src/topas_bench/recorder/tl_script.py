@@ -60,7 +60,7 @@ _WAIT = "topas-wait"
 _BLOCK = re.compile(r"\[CONTENT\](.*?)\[/CONTENT\]", re.S)
 
 
-def _content_example(prompt: str) -> dict[str, Any] | None:
+def content_example(prompt: str) -> dict[str, Any] | None:
     """The JSON format example of an ActionNode prompt (``[CONTENT]{...}[/CONTENT]``), if any."""
     for block in _BLOCK.findall(prompt):
         try:
@@ -114,7 +114,7 @@ class TLScript:
             return self._think(profile, name, step, system, memory)
         if re.search(r"natural language", last, re.I) and len(last) < 4000:
             return "English"
-        if (example := _content_example(last)) is not None:
+        if (example := content_example(last)) is not None:
             return self._content(example)
         if role is None and (path := self._coding_file(last)) is not None:
             return self._code(path)
