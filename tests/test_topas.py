@@ -139,8 +139,29 @@ def test_invalid_parameters_name_the_parameter_and_range(
 
 
 def test_unknown_parameter_is_rejected() -> None:
-    with pytest.raises(InvalidParameter, match="topas"):
+    with pytest.raises(
+        InvalidParameter, match="topas: unknown parameter 'gamma'; valid: beta, rho"
+    ):
         make_policy("topas", gamma=1)
+    with pytest.raises(InvalidParameter, match="max_actions given twice"):
+        make_policy("topas", K=2, max_actions=3)
+
+
+@pytest.mark.parametrize("flag", ["use_reuse", "use_aging", "density", "move_stall"])
+@pytest.mark.parametrize("value", ["False", "maybe", 0, None])
+def test_switches_must_be_booleans(flag: str, value: object) -> None:
+    """A string like "False" is truthy: accepting it would leave an ablation switch on."""
+    with pytest.raises(InvalidParameter, match=f"topas: {flag} must be true or false"):
+        make_policy("topas", **{flag: value})
+
+
+def test_the_papers_names_are_aliases() -> None:
+    p = make_policy("topas", K=2, M=3, H_age=100.0).params
+    assert (p["max_actions"], p["max_agents_exact"], p["h_age_s"]) == (2, 3, 100.0)
+    base = make_policy("topas-base", use_reuse=True)
+    assert isinstance(base, Topas) and base.p.use_reuse is True and base.p.use_aging is False
+    with pytest.raises(InvalidParameter, match="max_actions must be an integer >= 1"):
+        make_policy("topas", K=0)
 
 
 def test_ablations_set_their_switches() -> None:

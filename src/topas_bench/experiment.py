@@ -17,7 +17,7 @@ from typing import Any
 
 from topas_bench.analysis.metrics import RunTables, summarize
 from topas_bench.errors import TopasError
-from topas_bench.results import RunIdentity, is_finished, read_meta, write_run
+from topas_bench.results import RunIdentity, read_meta, reusable, write_run
 from topas_bench.runners.sim.config import LengthHint, SimConfig
 from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
@@ -210,7 +210,8 @@ def run_cell(
         return runner.run_cell(plan, scheduler, plan.sglang, force=force, on_task_done=on_task_done)
     ident = plan.identity(scheduler)
     run_dir = ident.run_dir(plan.out)
-    if not force and is_finished(run_dir):
+    digest = workload_digest(plan.workload)
+    if not force and reusable(run_dir, digest):
         meta = read_meta(run_dir)
         return CellResult(
             scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
@@ -236,7 +237,7 @@ def run_cell(
         "wall_s": res.wall_s,
         "load": plan.load,
         "capacity_tps": plan.capacity_tps,
-        "workload_digest": workload_digest(plan.workload),
+        "workload_digest": digest,
     }
     write_run(run_dir, ident, tables, info)
     return CellResult(scheduler, run_dir, summary, res.sim_time_s, res.wall_s)

@@ -87,6 +87,18 @@ def is_finished(run_dir: Path) -> bool:
     return (run_dir / "run.json").is_file()
 
 
+def reusable(run_dir: Path, workload_digest: str) -> bool:
+    """A finished run of the same workload sample. The identity names a workload by its
+    parameters (a replayed file by its path), so a run whose stored sample differs (the file
+    changed, or the generator did) is stale and must be rerun, never mixed in."""
+    if not is_finished(run_dir):
+        return False
+    try:
+        return bool(read_meta(run_dir).get("workload_digest") == workload_digest)
+    except TopasError:  # unreadable: rerun it
+        return False
+
+
 def write_run(
     run_dir: Path,
     identity: RunIdentity,

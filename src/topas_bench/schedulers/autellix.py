@@ -20,10 +20,11 @@ from typing import Any
 from topas_bench.schedulers.base import (
     Decision,
     EngineView,
-    InvalidParameter,
     OrderingPolicy,
     RequestView,
     TaskView,
+    require_int,
+    require_number,
 )
 
 
@@ -49,12 +50,9 @@ class Autellix(OrderingPolicy):
     def __init__(
         self, quantum_s: float = 2.0, levels: int = 8, starvation_ratio: float = 2.0
     ) -> None:
-        if quantum_s <= 0:
-            raise InvalidParameter(f"quantum_s must be > 0, got {quantum_s}")
-        if levels < 1:
-            raise InvalidParameter(f"levels must be >= 1, got {levels}")
-        if starvation_ratio <= 0:
-            raise InvalidParameter(f"starvation_ratio must be > 0, got {starvation_ratio}")
+        require_number(self.name, "quantum_s", quantum_s, strict=True)
+        require_int(self.name, "levels", levels, 1)
+        require_number(self.name, "starvation_ratio", starvation_ratio, strict=True)
         self.quantum_s = quantum_s
         self.levels = levels
         self.starvation_ratio = starvation_ratio

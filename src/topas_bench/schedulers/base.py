@@ -14,6 +14,7 @@ register the class in `topas_bench.schedulers.registry`. That is the whole cost 
 from __future__ import annotations
 
 import enum
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -211,6 +212,33 @@ class Decision:
 
 class InvalidParameter(TopasError):
     """A scheduler parameter outside its valid range."""
+
+
+def require_number(
+    policy: str, name: str, value: object, low: float = 0.0, *, strict: bool = False
+) -> float:
+    """`value` as a finite number >= `low` (> `low` if `strict`), else `InvalidParameter`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidParameter(f"{policy}: {name} must be a finite number, got {value!r}")
+    if value < low or (strict and value == low):
+        rng = f"({low:g}, inf)" if strict else f"[{low:g}, inf)"
+        op = ">" if strict else ">="
+        raise InvalidParameter(
+            f"{policy}: {name} must be {op} {low:g} (valid range {rng}), got {value!r}"
+        )
+    return float(value)
+
+
+def require_int(policy: str, name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidParameter(f"{policy}: {name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def require_bool(policy: str, name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidParameter(f"{policy}: {name} must be true or false, got {value!r}")
+    return value
 
 
 class Policy(ABC):

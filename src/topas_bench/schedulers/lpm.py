@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from topas_bench.schedulers.base import Decision, EngineView, InvalidParameter, Policy, RequestView
+from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView, require_int
 
 
 class LPM(Policy):
@@ -28,16 +28,9 @@ class LPM(Policy):
         in_batch_check_tokens: int = 32,
         in_batch_deprioritize_tokens: int = 32,
     ) -> None:
-        if fallback_above < 0:
-            raise InvalidParameter(f"fallback_above must be >= 0, got {fallback_above}")
-        if in_batch_check_tokens < 0:
-            raise InvalidParameter(
-                f"in_batch_check_tokens must be >= 0, got {in_batch_check_tokens}"
-            )
-        if in_batch_deprioritize_tokens < 0:
-            raise InvalidParameter(
-                f"in_batch_deprioritize_tokens must be >= 0, got {in_batch_deprioritize_tokens}"
-            )
+        require_int(self.name, "fallback_above", fallback_above, 0)
+        require_int(self.name, "in_batch_check_tokens", in_batch_check_tokens, 0)
+        require_int(self.name, "in_batch_deprioritize_tokens", in_batch_deprioritize_tokens, 0)
         self.fallback_above = fallback_above
         self.check = in_batch_check_tokens
         self.deprioritize = in_batch_deprioritize_tokens

@@ -49,9 +49,17 @@ def resolve(file: str) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=16)
 def _job(file: str, prefix_mode: str) -> tuple[tuple[Agent, ...], tuple[Stage, ...]]:
-    return recorded_job(load_calls(resolve(file)), prefix_mode)
+    path = resolve(file)
+    st = path.stat()  # a rewritten file is read again
+    return _converted(path, st.st_mtime_ns, st.st_size, prefix_mode)
+
+
+@functools.lru_cache(maxsize=16)
+def _converted(
+    path: Path, mtime_ns: int, size: int, prefix_mode: str
+) -> tuple[tuple[Agent, ...], tuple[Stage, ...]]:
+    return recorded_job(load_calls(path), prefix_mode)
 
 
 def make_replay(

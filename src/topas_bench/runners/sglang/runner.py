@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from topas_bench.errors import TopasError
-from topas_bench.results import RunIdentity, is_finished, read_meta, write_run
+from topas_bench.results import RunIdentity, is_finished, read_meta, reusable, write_run
 from topas_bench.runners.sglang.client import (
     ClientConfig,
     RequestRecord,
@@ -133,18 +133,19 @@ def run_cell(
     force: bool = False,
     on_task_done: Callable[[int], None] | None = None,
 ) -> CellResult:
-    from topas_bench.experiment import CellResult
+    from topas_bench.experiment import CellResult, workload_digest
 
     ident = identity(plan, scheduler, opts)
     run_dir = ident.run_dir(plan.out)
-    if not force and is_finished(run_dir):
+    digest = workload_digest(plan.workload)
+    if not force and reusable(run_dir, digest):
         meta = read_meta(run_dir)
         return CellResult(
             scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     journal = run_dir / JOURNAL
-    if force:
+    if force or is_finished(run_dir):  # forced, or finished on another workload sample
         journal.unlink(missing_ok=True)
         (run_dir / "run.json").unlink(missing_ok=True)
     done = _load_journal(journal)
@@ -167,7 +168,8 @@ def _server(plan: RunPlan, scheduler: str, opts: SglangOptions, run_dir: Path) -
     assert opts.model is not None
     return sglang_server(
         python=opts.server_python, model=opts.model, scheduler=scheduler,
-        params=plan.scheduler_params.get(scheduler, {}), preset=plan.preset.name,
+        params=plan.scheduler_params.get(scheduler, {}),
+        preset=plan.preset.source or plan.preset.name,  # a preset file by its absolute path
         kv_budget_tokens=None if plan.kv_budget_derived else plan.kv_budget_tokens,
         extra=opts.server_args, log_path=run_dir / SERVER_LOG,
     )  # fmt: skip

@@ -51,11 +51,19 @@ use_reuse / use_aging: the ablation switches.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from topas_bench.schedulers.base import InvalidParameter
+from topas_bench.schedulers.base import (
+    InvalidParameter,
+    require_bool,
+    require_int,
+    require_number,
+)
+
+NAME = "topas"
+#: The paper's names for three parameters (DESIGN section 5), accepted as aliases.
+ALIASES = {"K": "max_actions", "M": "max_agents_exact", "H_age": "h_age_s"}
 
 
 @dataclass(frozen=True)
@@ -78,42 +86,39 @@ class TopasParams:
     max_preemptions: int = 1
 
     def __post_init__(self) -> None:
-        _at_least("beta", self.beta, 0.0)
-        _at_least("rho", self.rho, 0.0)
-        _above("h_age_s", self.h_age_s)
-        _int_at_least("max_agents_exact", self.max_agents_exact, 1)
-        _int_at_least("max_actions", self.max_actions, 1)
+        require_number(NAME, "beta", self.beta)
+        require_number(NAME, "rho", self.rho)
+        require_number(NAME, "h_age_s", self.h_age_s, strict=True)
+        require_int(NAME, "max_agents_exact", self.max_agents_exact, 1)
+        require_int(NAME, "max_actions", self.max_actions, 1)
         if self.horizon_s is not None:
-            _above("horizon_s", self.horizon_s)
-        _at_least("srpt_exponent", self.srpt_exponent, 0.0)
-        _at_least("preempt_margin_s", self.preempt_margin_s, 0.0)
-        _int_at_least("scan_limit", self.scan_limit, 1)
-        _int_at_least("refresh_limit", self.refresh_limit, 1)
-        _at_least("starvation_factor", self.starvation_factor, 0.0)
-        _int_at_least("max_preemptions", self.max_preemptions, 0)
+            require_number(NAME, "horizon_s", self.horizon_s, strict=True)
+        require_number(NAME, "srpt_exponent", self.srpt_exponent)
+        require_number(NAME, "preempt_margin_s", self.preempt_margin_s)
+        require_int(NAME, "scan_limit", self.scan_limit, 1)
+        require_int(NAME, "refresh_limit", self.refresh_limit, 1)
+        require_number(NAME, "starvation_factor", self.starvation_factor)
+        require_int(NAME, "max_preemptions", self.max_preemptions, 0)
+        for flag in ("use_reuse", "use_aging", "density", "move_stall"):
+            require_bool(NAME, flag, getattr(self, flag))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidParameter(f"topas: {name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _at_least(name: str, value: object, low: float) -> None:
-    if _number(name, value) < low:
-        raise InvalidParameter(
-            f"topas: {name} must be >= {low:g} (valid range [{low:g}, inf)), got {value}"
-        )
-
-
-def _above(name: str, value: object) -> None:
-    if _number(name, value) <= 0:
-        raise InvalidParameter(f"topas: {name} must be > 0 (valid range (0, inf)), got {value}")
-
-
-def _int_at_least(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidParameter(f"topas: {name} must be an integer >= {low}, got {value!r}")
+def resolve_params(policy: str, params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with the paper's aliases renamed; an unknown name lists the valid ones."""
+    out: dict[str, Any] = {}
+    valid = [f.name for f in fields(TopasParams)]
+    for key, value in params.items():
+        name = ALIASES.get(key, key)
+        if name not in valid:
+            aliases = ", ".join(f"{a} = {n}" for a, n in ALIASES.items())
+            raise InvalidParameter(
+                f"{policy}: unknown parameter {key!r}; valid: {', '.join(valid)} "
+                f"(aliases {aliases})"
+            )
+        if name in out:
+            raise InvalidParameter(f"{policy}: {name} given twice (as {key!r} and {name!r})")
+        out[name] = value
+    return out

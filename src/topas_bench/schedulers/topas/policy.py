@@ -30,7 +30,6 @@ from typing import Any, ClassVar
 from topas_bench.schedulers.base import (
     Decision,
     EngineView,
-    InvalidParameter,
     Policy,
     PrefixLocation,
     RequestView,
@@ -43,7 +42,7 @@ from topas_bench.schedulers.topas.pack import (
     greedy_pack,
     search_keep_set,
 )
-from topas_bench.schedulers.topas.params import TopasParams
+from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
 
 
@@ -56,11 +55,7 @@ class Topas(Policy):
     defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **params: Any) -> None:
-        merged = {**self.defaults, **params}
-        try:
-            self.p = TopasParams(**merged)
-        except TypeError as e:
-            raise InvalidParameter(f"{self.name}: {e}") from None
+        self.p = TopasParams(**{**self.defaults, **resolve_params(self.name, params)})
         self._credit: dict[int, float] = {}
         self._starve_limit = math.inf
         self._path_memo: dict[str, tuple[int, int, TaskPath]] = {}
