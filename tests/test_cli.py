@@ -156,6 +156,21 @@ def test_run_writes_tables_and_run_json_matching_the_output(
         assert m["load"] is None and m["capacity_tps"] is None
 
 
+def test_a_changed_replay_file_is_rerun_not_reused(tmp_path: Path) -> None:
+    data = Path(__file__).parent / "data" / "metagpt"
+    calls = tmp_path / "calls.jsonl"
+    calls.write_bytes((data / "sop-2048-offline.jsonl").read_bytes())
+    args = ("run", "-w", "metagpt-replay", "--workload-param", f"file={calls}", "-n", "3",
+            "--out", tmp_path / "runs")  # fmt: skip
+    first = rows(ok(*args, "-s", "fcfs"))
+    calls.write_bytes((data / "sop-qa-2048-offline.jsonl").read_bytes())  # same path, new run
+    second = rows(ok(*args, "-s", "fcfs,lpm"))
+    assert list(second) == ["fcfs", "lpm"]  # fcfs is not "(cached)": its sample changed
+    assert second["fcfs"]["mean"] != first["fcfs"]["mean"]
+    assert list(rows(ok(*args, "-s", "fcfs,lpm"))) == ["fcfs (cached)", "lpm (cached)"]
+    ok("report", tmp_path / "runs", "--out", tmp_path / "report")  # one sample: comparable
+
+
 def test_run_only_the_listed_schedulers(tmp_path: Path) -> None:
     result = ok("run", "-s", "fcfs,lpm", "-n", "6", "--out", tmp_path)
     assert list(rows(result)) == ["fcfs", "lpm"]
@@ -280,8 +295,12 @@ BAD_RUNS = [
     (("--workload-param", "delay_s=soon"), "delay_s must be a number >= 0.0, got 'soon'"),
     (("--scheduler-param", "fcfs.x=1"), "scheduler 'fcfs' takes no parameters (got x)"),
     (("-s", "lpm", "--scheduler-param", "lpm.nope=1"), "scheduler 'lpm': "),
-    (("-s", "lpm", "--scheduler-param", "lpm.in_batch_check_tokens=foo"), "scheduler 'lpm': "),
-    (("-s", "autellix", "--scheduler-param", "autellix.levels=0"), "levels must be >= 1, got 0"),
+    (("-s", "lpm", "--scheduler-param", "lpm.in_batch_check_tokens=foo"), "lpm: in_batch_check"),
+    (("-s", "topas", "--scheduler-param", "topas.use_reuse=False"), "must be true or false"),
+    (
+        ("-s", "autellix", "--scheduler-param", "autellix.levels=0"),
+        "levels must be an integer >= 1, got 0",
+    ),
     (
         ("--scheduler-param", "lpm.fallback_above=3"),
         "--scheduler-param for 'lpm', which is not in this run (schedulers: fcfs)",
