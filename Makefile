@@ -128,4 +128,14 @@ $(VLLM_VENV)/.installed: scripts/build_vllm_env.sh
 	bash scripts/build_vllm_env.sh $(VLLM_VENV)
 	touch $@
 
-.PHONY: sglang-env vllm-env
+## tiny-model: the test's tiny random-weight Llama in runs/tiny-llama, to try the client by hand
+## against vLLM on CPU (DEVELOPERS.md); built offline.
+TINY_MODEL ?= runs/tiny-llama
+tiny-model: $(TINY_MODEL)/config.json
+
+$(TINY_MODEL)/config.json: scripts/make_tiny_llama.py $(VLLM_VENV)/.installed $(VENV)/.installed
+	mkdir -p $(TINY_MODEL)
+	$(BIN)/python -c "import json; from topas_bench.runners.sglang.prompts import tiny_model_words as w; print(json.dumps(w()))" > $(TINY_MODEL).words.json
+	$(VLLM_VENV)/bin/python scripts/make_tiny_llama.py $(TINY_MODEL) $(TINY_MODEL).words.json
+
+.PHONY: sglang-env vllm-env tiny-model

@@ -15,7 +15,7 @@ from topas_bench.cli import app
 from topas_bench.experiment import GROUPS, measure_capacity
 from topas_bench.results import TABLES, RunIdentity
 from topas_bench.runners.sim.cost import load_preset, preset_names
-from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
+from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS
 from topas_bench.workloads.registry import WORKLOADS, generate
 from topas_bench.workloads.trace import load_workload
 
@@ -305,6 +305,10 @@ BAD_RUNS = [
         ("--scheduler-param", "lpm.fallback_above=3"),
         "--scheduler-param for 'lpm', which is not in this run (schedulers: fcfs)",
     ),
+    (("--endpoint", "http://127.0.0.1:1"), "--endpoint is for --engine sglang"),
+    (("--model", "m"), "--model is for --engine sglang; the simulator does not use it"),
+    (("--sglang-arg", "--x"), "--sglang-arg is for --engine sglang"),
+    (("-s", "all,nope"), f"unknown scheduler 'nope'; known: {KNOWN_SCHEDULERS}"),
     (
         ("--scheduler-param", "lmp.fallback_above=3"),
         f"unknown scheduler 'lmp'; known: {KNOWN_SCHEDULERS}",
@@ -329,6 +333,22 @@ def test_run_rejects_bad_input(args: tuple[str, ...], message: str, tmp_path: Pa
     result = invoke(*RUN, "--out", out, *args)
     assert_one_line_error(result, message)
     assert not out.exists()
+
+
+def test_an_output_path_under_a_file_fails_before_running(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for args in (
+        (*RUN, "--out", blocker / "runs"),
+        ("sweep", "-w", "chain3", "-s", "fcfs", "--rate", "0.1", "-n", "2", "--out", blocker),
+        ("tune", "-w", "chain3", "-n", "2", "--out", blocker / "t"),
+    ):
+        assert_one_line_error(invoke(*args), f"{blocker} is not a directory")
+    assert_one_line_error(
+        invoke("workloads", "export", "dag4", "-o", blocker / "x.jsonl"),
+        f"cannot write {blocker / 'x.jsonl'}: {blocker} is not a directory",
+    )
+    assert blocker.read_text() == ""
 
 
 @pytest.mark.parametrize(
@@ -495,6 +515,9 @@ def test_every_command_has_help_with_an_example(command: tuple[str, ...]) -> Non
         ("ablations", ("topas", "topas-base", "topas-no-reuse", "topas-no-aging")),
         ("everything", tuple(SCHEDULERS.names())),
         ("lpm, fcfs", ("lpm", "fcfs")),
+        ("all,topas-base", (*BASELINES, "topas", "topas-base")),
+        ("topas,all", ("topas", *BASELINES)),
+        ("baselines,ablations", (*BASELINES, "topas", *ABLATIONS)),
     ],
 )
 def test_scheduler_groups(spec: str, expected: tuple[str, ...]) -> None:

@@ -26,38 +26,12 @@ from typer.testing import CliRunner
 
 from topas_bench.cli import app
 from topas_bench.runners.sglang.launcher import Server, free_port
-from topas_bench.runners.sglang.prompts import WORDS
+from topas_bench.runners.sglang.prompts import tiny_model_words
 from topas_bench.workloads.registry import generate
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
 WPARAMS = {"prefix_tokens": 200, "input_tokens": 40, "output_tokens": 60, "delay_s": 0.1}
-
-MAKE_MODEL = r"""
-import json, sys
-from pathlib import Path
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM
-
-out, words = Path(sys.argv[1]), json.loads(sys.argv[2])
-vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", *words])}
-tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-tok.decoder = decoders.WordPiece(prefix="##")
-out.mkdir(parents=True, exist_ok=True)
-tok.save(str(out / "tokenizer.json"))
-(out / "tokenizer_config.json").write_text(json.dumps({
-    "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-    "unk_token": "<unk>", "model_max_length": 4096}))
-torch.manual_seed(0)
-cfg = LlamaConfig(
-    vocab_size=len(vocab), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-    num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
-    bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
-LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +41,10 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Server
     subprocess.run(["make", "-s", "vllm-env"], cwd=REPO, check=True, timeout=2400)
     tmp = tmp_path_factory.mktemp("vllm")
     model = tmp / "tiny-llama"
-    words = json.dumps([*WORDS, *(f"w{i}" for i in range(100))])
-    subprocess.run([str(VLLM_PYTHON), "-c", MAKE_MODEL, str(model), words], check=True,
-                   timeout=600, capture_output=True)  # fmt: skip
+    words = tmp / "words.json"
+    words.write_text(json.dumps(tiny_model_words()))
+    subprocess.run([str(VLLM_PYTHON), str(REPO / "scripts" / "make_tiny_llama.py"), str(model),
+                    str(words)], check=True, timeout=600, capture_output=True)  # fmt: skip
     port = free_port()
     server = Server(
         argv=[str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),

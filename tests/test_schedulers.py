@@ -460,3 +460,10 @@ def test_every_scheduler_runs_every_workload(scheduler: str, workload: str, tmp_
     assert s["decision_p50_ms"] <= s["decision_p99_ms"]
     assert cell.sim_time_s == pytest.approx(tasks["finish_s"].max())
     assert read_meta(cell.run_dir)["summary"] == pytest.approx(s, nan_ok=True)
+
+
+@pytest.mark.parametrize("name", SCHEDULERS.names())
+def test_every_scheduler_describes_itself(name: str) -> None:
+    """`topas-bench schedulers list` shows the first docstring line of each class."""
+    doc = SCHEDULERS.get(name).__dict__.get("__doc__") or ""
+    assert doc.strip().endswith(".") and len(doc.strip()) > 20

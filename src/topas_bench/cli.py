@@ -68,11 +68,26 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except TopasError as e:
             err.print(f"error: {e}", markup=False)
             raise typer.Exit(2) from None
+        except OSError as e:  # an output path that cannot be written, a file that vanished
+            where = f"{e.filename}: " if e.filename else ""
+            err.print(f"error: {where}{e.strerror or e}", markup=False)
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted: finished runs are kept; run again to resume", markup=False)
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def check_out_dir(path: Path, flag: str = "--out") -> Path:
+    """Fail before anything runs when `path` cannot become a directory (it or an ancestor is a
+    file)."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise TopasError(f"{flag} {path}: {p} is not a directory")
+            break
+    return path
 
 
 def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
@@ -176,7 +191,7 @@ def run(
     Examples:
       topas-bench run --workload metagpt-tl
       topas-bench run -w dag4 -s fcfs,lpm --load 0.8 -n 500 --seed 3
-      topas-bench run -w chain3 --kv-budget 40000 --out /tmp/runs
+      topas-bench run -w chain3 --kv-budget 40000 --out runs/big-kv
       topas-bench run -w dag4 -s fcfs,topas --engine sglang --model /models/Qwen2.5-32B-Instruct
     """
     from topas_bench.analysis.console import print_plan, print_run_table
@@ -186,12 +201,18 @@ def run(
         raise TopasError(f"unknown engine {engine!r}; known: sim, sglang")
     if length_hint not in ("none", "oracle"):
         raise TopasError(f"--length-hint must be `none` or `oracle`, got {length_hint!r}")
+    if engine == "sim":
+        given = {"--model": model, "--endpoint": endpoint, "--sglang-arg": sglang_arg,
+                 "--server-python": server_python}  # fmt: skip
+        for flag, value in given.items():
+            if value:
+                raise TopasError(f"{flag} is for --engine sglang; the simulator does not use it")
     names = parse_schedulers(scheduler)
     plan = plan_run(
         workload=workload, schedulers=names, num_tasks=tasks, seed=seed, rate_per_s=rate,
         load=load, preset=preset, kv_budget_tokens=kv_budget,
         length_hint="oracle" if length_hint == "oracle" else "none",
-        host_tier_tokens=host_tier_tokens, out=out_dir,
+        host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
         workload_params=parse_assignments(workload_param or [], "--workload-param"),
         scheduler_params=parse_scheduler_params(scheduler_param or []),
     )  # fmt: skip
@@ -283,7 +304,7 @@ def tune(
     spec = TuneSpec(
         workload=workload, scheduler=scheduler, num_tasks=tasks, seeds=seed_list, load=load,
         rate_per_s=rate, preset=preset, kv_budget_tokens=kv_budget, grid=grid, passes=passes,
-        jobs=jobs, out=out_dir,
+        jobs=jobs, out=check_out_dir(out_dir),
     )  # fmt: skip
     result = run_tune(spec, progress=lambda msg: err.print(msg, markup=False))
     b, d = result.best, result.default

@@ -18,7 +18,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from topas_bench.cli import err, handles_errors, out, parse_assignments, parse_scheduler_params
+from topas_bench.cli import (
+    check_out_dir,
+    err,
+    handles_errors,
+    out,
+    parse_assignments,
+    parse_scheduler_params,
+)
 from topas_bench.errors import TopasError
 from topas_bench.sweep import Progress as SweepProgress
 
@@ -133,7 +140,7 @@ def sweep(
     outs = {o for _, o in specs if o is not None}
     if len(outs) > 1:
         raise TopasError(f"{source}: the sweeps name different `out` directories")
-    target = out_dir or (Path(outs.pop()) if outs else Path("runs"))
+    target = check_out_dir(out_dir or (Path(outs.pop()) if outs else Path("runs")))
     with Progress(
         TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
@@ -202,7 +209,7 @@ def report(
     from topas_bench.analysis.report import to_markdown, write_report
 
     _, rep = _load(results)
-    files = write_report(rep, out_dir or results)
+    files = write_report(rep, check_out_dir(out_dir or results))
     if not quiet:
         out.print(to_markdown(rep), markup=False)
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
@@ -224,7 +231,7 @@ def figures(
     from topas_bench.analysis.figures import write_figures
 
     coll, rep = _load(results)
-    files = write_figures(coll, rep, out_dir or results / "figures")
+    files = write_figures(coll, rep, check_out_dir(out_dir or results / "figures"))
     out.print(f"wrote {len(files)} files to {out_dir or results / 'figures'}", markup=False)
 
 

@@ -94,21 +94,26 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 
 def parse_schedulers(spec: str) -> tuple[str, ...]:
-    """A group (`all` = the paper's baselines + topas, `baselines`, `ablations`, `everything` =
-    every registered policy) or a comma-separated list of names."""
-    key = spec.strip()
-    if key == "everything":
-        return tuple(SCHEDULERS.names())
-    if key in GROUPS:
-        return GROUPS[key]
-    names = tuple(n.strip() for n in spec.split(",") if n.strip())
+    """Comma-separated scheduler names and groups (`all` = the paper's baselines + topas,
+    `baselines`, `ablations`, `everything` = every registered policy), e.g. `all,topas-base`."""
+    names: list[str] = []
+    explicit: set[str] = set()
+    for item in (n.strip() for n in spec.split(",")):
+        if not item:
+            continue
+        if item == "everything":
+            names += SCHEDULERS.names()
+        elif item in GROUPS:
+            names += GROUPS[item]
+        else:
+            SCHEDULERS.get(item)  # raises with the known names
+            if item in explicit:
+                raise TopasError(f"--scheduler lists a name twice: {spec}")
+            explicit.add(item)
+            names.append(item)
     if not names:
         raise TopasError("--scheduler is empty; give `all` or a comma-separated list")
-    for n in names:
-        SCHEDULERS.get(n)  # raises with the known names
-    if len(set(names)) != len(names):
-        raise TopasError(f"--scheduler lists a name twice: {spec}")
-    return names
+    return tuple(dict.fromkeys(names))  # a group may overlap a name or another group
 
 
 def plan_run(
@@ -194,6 +199,12 @@ def check_fits(
             f"KV budget of {kv_budget_tokens:,} tokens is smaller than the largest call in "
             f"{w.name!r} (prompt {stage.prompt_tokens:,} + output {stage.output_tokens:,} tokens, "
             f"max_new_tokens {stage.max_new_tokens:,}); raise --kv-budget to at least {need:,}"
+            + (
+                f", or lower --workload-param context_tokens (now {w.params['context_tokens']:,}"
+                ", MetaGPT's memory cut) to about 0.8 x the budget"
+                if "context_tokens" in w.params
+                else ""
+            )
         )
 
 

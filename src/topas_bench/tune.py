@@ -21,7 +21,8 @@ from typing import Any
 
 from topas_bench.errors import TopasError
 from topas_bench.experiment import plan_run, run_cell
-from topas_bench.schedulers.registry import BASELINES, make_policy
+from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy
+from topas_bench.schedulers.topas import Topas
 
 #: Seeds of the reported results; tuning must not use them.
 EVAL_SEEDS = (0, 1, 2, 3, 4)
@@ -90,6 +91,9 @@ def check_spec(spec: TuneSpec) -> None:
             f"tuning seeds {sorted(set(spec.seeds) & set(EVAL_SEEDS))} overlap the evaluation "
             f"seeds {list(EVAL_SEEDS)}; pick others"
         )
+    if not issubclass(SCHEDULERS.get(spec.scheduler), Topas):
+        variants = ", ".join(n for n in SCHEDULERS.names() if n.startswith("topas"))
+        raise TopasError(f"tune searches TOPAS's parameters: -s must be one of {variants}")
     if not spec.seeds:
         raise TopasError("--seeds is empty")
     if spec.passes < 1 or spec.jobs < 1:

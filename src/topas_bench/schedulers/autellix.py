@@ -45,6 +45,8 @@ def _service(task: TaskView, stage_id: str) -> float:
 
 
 class Autellix(OrderingPolicy):
+    """Autellix-style least attained service along the critical path (ATLAS), with levels."""
+
     name = "autellix"
 
     def __init__(

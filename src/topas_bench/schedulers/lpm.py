@@ -19,6 +19,8 @@ from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestVie
 
 
 class LPM(Policy):
+    """SGLang's longest prefix match (FCFS above 128 waiting, in-batch deprioritisation)."""
+
     name = "lpm"
     reorders_during_decode = False
 

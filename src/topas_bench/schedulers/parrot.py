@@ -13,6 +13,8 @@ from topas_bench.schedulers.base import EngineView, OrderingPolicy, RequestView
 
 
 class ParrotFCFS(OrderingPolicy):
+    """Parrot-style application FCFS: requests ranked by their task's arrival."""
+
     name = "parrot"
     reorders_during_decode = False
 

@@ -45,6 +45,8 @@ def expected_remaining_s(
 
 
 class SPF(OrderingPolicy):
+    """Shortest expected remaining task service first (SRPT over tasks on a chain)."""
+
     name = "spf"
 
     def __init__(self) -> None:

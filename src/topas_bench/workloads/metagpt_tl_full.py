@@ -27,7 +27,8 @@ Memory cap. With the recorded growth the Engineer's thinks pass 19k tokens (FACT
 a100-qwen32b KV budget (18,692). MetaGPT's own remedy is ``llm.compress_type``
 (``BaseLLM.compress_messages``, main): ``post_cut_by_msg`` keeps the system messages and the
 most recent messages that fit in 80% of the model's context (``TOKEN_MAX``), dropping the oldest.
-We apply exactly that to every call with ``context_tokens`` (default: the KV budget), so a
+We apply exactly that to every call with ``context_tokens`` (default 18,692: the a100-qwen32b
+KV budget; lower it with a smaller budget), so a
 prompt is at most 14,953 tokens and prompt + output stays below the budget. Once a role's
 memory is cut, its next prompt no longer extends the previous one (the front changed).
 
@@ -44,6 +45,7 @@ run. Gaps (`delay_s`): 5-26 ms between roles and 2-88 ms within one role in the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,7 +194,13 @@ class _Job:
                 break
             kept.insert(0, message)
         if room < 0 and not kept and memory:
-            raise TopasError(f"context_tokens {self.p.context_tokens} leaves no room for memory")
+            need = self.p.keep_tokens - room  # system + tail + the newest message
+            raise TopasError(
+                f"context_tokens {self.p.context_tokens:,} keeps {self.p.keep_tokens:,} prompt "
+                f"tokens (80%), but {role}'s system prompt, newest message and request need "
+                f"{need:,}: raise context_tokens to at least {math.ceil(need / 0.8):,} for this "
+                "call"
+            )
         prev = self.stages[-1] if self.stages else None
         same_role = prev is not None and prev.agent.split(".")[0] == role
         n = uniform_tokens(self.rng, out)

@@ -87,9 +87,12 @@ def dump_workload(w: Workload, path_or_file: str | os.PathLike[str] | IO[str]) -
     if not isinstance(path_or_file, str | os.PathLike):
         path_or_file.write(text)
         return
-    tmp = Path(f"{os.fspath(path_or_file)}.tmp")
+    path = Path(path_or_file)
+    if not path.parent.is_dir():
+        raise TopasError(f"cannot write {path}: {path.parent} is not a directory")
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8", newline="")
-    os.replace(tmp, path_or_file)
+    os.replace(tmp, path)
 
 
 def _task_row(t: Task) -> dict[str, Any]:

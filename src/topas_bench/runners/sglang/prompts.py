@@ -44,6 +44,13 @@ _WORDS = (
 )
 WORDS = tuple(_WORDS.split())
 
+
+def tiny_model_words() -> list[str]:
+    """The vocabulary of `scripts/make_tiny_llama.py`'s test model: every prompt word, plus
+    spares for the generated text."""
+    return [*WORDS, *(f"w{i}" for i in range(100))]
+
+
 Tokenize = Callable[[str, bool], Awaitable[int]]  # (text, add_special_tokens) -> token count
 
 
