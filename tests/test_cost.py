@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from topas_bench.errors import TopasError, UnknownNameError
 from topas_bench.runners.sim.cost import (
     CostModel,
     Efficiency,
+    is_preset_path,
     load_preset,
     load_preset_file,
     preset_names,
@@ -120,7 +122,10 @@ def test_every_packaged_preset_loads(name: str) -> None:
 def test_unknown_preset_lists_known_names() -> None:
     with pytest.raises(UnknownNameError) as info:
         load_preset("x")
-    assert str(info.value) == "unknown preset 'x'; known: a100-qwen32b, h100-llama8b, h200-llama8b"
+    assert str(info.value) == (
+        "unknown preset 'x'; known: a100-qwen32b, h100-llama8b, h200-llama8b "
+        "(or a path to a preset .toml file)"
+    )
 
 
 def _packaged_text() -> str:
@@ -161,3 +166,41 @@ def test_user_preset_file_round_trips(tmp_path: Path) -> None:
 def test_missing_preset_file_is_a_topas_error(tmp_path: Path) -> None:
     with pytest.raises(TopasError, match="cannot read preset file"):
         load_preset_file(tmp_path / "absent.toml")
+
+
+def test_load_preset_reads_a_path_and_names_it_by_content(tmp_path: Path) -> None:
+    text = _packaged_text()
+    one, two = tmp_path / "one.toml", tmp_path / "sub" / "h100"
+    two.parent.mkdir()
+    one.write_text(text, encoding="utf-8")
+    two.write_text("# a comment changes nothing\n" + text, encoding="utf-8")  # no .toml: a "/"
+    a, b = load_preset(str(one)), load_preset(str(two))
+    assert a.name == b.name and re.fullmatch(r"h100-llama8b@[0-9a-f]{8}", a.name)
+    assert a.source is not None and Path(a.source).is_absolute() and Path(a.source).samefile(one)
+    assert load_preset(a.source).name == a.name
+    assert dataclasses.replace(a, name="h100-llama8b") == load_preset("h100-llama8b")
+    # the same name with other values: another identity
+    two.write_text(text.replace("eta_kv = 0.55", "eta_kv = 0.6"), encoding="utf-8")
+    assert load_preset(str(two)).name != a.name
+    assert is_preset_path("cal.toml") and is_preset_path("./cal") and not is_preset_path("cal")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read preset file"),
+        ("name = ", "invalid TOML"),
+        ('name = "a b"', "must be letters, digits"),
+    ],
+)
+def test_bad_preset_path_is_one_line_naming_the_file(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "cal.toml"
+    if content is not None:
+        text = _packaged_text()
+        path.write_text(text.replace('name = "h100-llama8b"', content, 1), encoding="utf-8")
+    with pytest.raises(TopasError) as info:
+        load_preset(str(path))
+    assert str(path) in str(info.value) and message in str(info.value)
+    assert "\n" not in str(info.value)

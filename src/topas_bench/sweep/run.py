@@ -26,14 +26,15 @@ from typing import Any
 from topas_bench.errors import TopasError
 from topas_bench.experiment import RunPlan, measure_capacity, plan_run, run_cell, workload_digest
 from topas_bench.results import TABLES, is_finished
-from topas_bench.runners.sim.cost import load_preset
+from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import Group, SweepSpec
 from topas_bench.workloads.trace import dumps_workload, loads_workload
 
 CAPACITY_FILE = "capacity.json"
 
-CapacityKey = tuple[str, str, str, int]  # workload, params JSON, preset, KV budget
+#: workload, params JSON, preset (its `Preset.name`: a file's carries its content hash), KV budget
+CapacityKey = tuple[str, str, str, int]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class CellOutcome:
 @dataclass(frozen=True)
 class CapacityJob:
     key: CapacityKey
+    preset: Preset
 
 
 @dataclass(frozen=True)
@@ -132,10 +134,10 @@ def compact_tables(run_dir: Path) -> None:
 
 
 def measure_capacity_job(job: CapacityJob) -> CapacityOutcome:
-    workload, params, preset, budget = job.key
+    workload, params, _, budget = job.key
     try:
         params_t = tuple(sorted(json.loads(params).items()))
-        cap = measure_capacity(workload, params_t, load_preset(preset), budget)
+        cap = measure_capacity(workload, params_t, job.preset, budget)
     except Exception as e:
         return CapacityOutcome(job.key, None, f"{type(e).__name__}: {e}")
     return CapacityOutcome(job.key, cap)
@@ -204,7 +206,7 @@ def _budget(group: Group) -> int:
 
 def _cap_key(spec: SweepSpec, g: Group) -> CapacityKey:
     params = json.dumps(dict(spec.workload_params.get(g.workload, {})), sort_keys=True)
-    return (g.workload, params, g.preset, _budget(g))
+    return (g.workload, params, load_preset(g.preset).name, _budget(g))
 
 
 def _capacities(
@@ -212,13 +214,17 @@ def _capacities(
 ) -> dict[CapacityKey, float]:
     path = out / CAPACITY_FILE
     known = {} if force else _read_capacities(path)
-    need = sorted(
-        {_cap_key(s, g) for s in specs for g in s.groups() if g.load is not None} - set(known)
-    )
+    presets: dict[CapacityKey, Preset] = {
+        _cap_key(s, g): load_preset(g.preset)
+        for s in specs
+        for g in s.groups()
+        if g.load is not None
+    }
+    need = sorted(set(presets) - set(known))
     if not need:
         return known
     progress.phase("capacity", len(need))
-    for res in ex.imap_unordered(measure_capacity_job, [CapacityJob(k) for k in need]):
+    for res in ex.imap_unordered(measure_capacity_job, [CapacityJob(k, presets[k]) for k in need]):
         if res.capacity_tps is None:
             raise TopasError(f"measuring the capacity of {res.key[0]} failed: {res.error}")
         known[res.key] = res.capacity_tps

@@ -11,11 +11,22 @@ steps (`managers/scheduler_components/metrics_reporter.py`):
 Decode: a step of the logged batch takes `running / gen throughput` seconds (the throughput is
 measured over the last interval) with `#token` KV tokens of context. In the cost model a decode
 step is memory-bound on every GPU we model:
-`T = c_step + c_layer L + c_req B + W/(BW eta_w) + kv_bytes ctx/(BW eta_kv)`, linear in
-(1, ctx) once the preset's `c_req B` is taken off: least squares gives eta_kv (the slope) and,
-with the preset's c_step and c_layer kept (one intercept cannot separate them from eta_w),
-eta_w. The overheads stay the preset's: c_req (microseconds per request) is lost in the noise of
-a step of tens of milliseconds, and the batch size moves with the context.
+`T = c_step + c_layer L + W/(BW eta_w) + ctx kv_bytes/(BW eta_kv) + B c_req`, linear in
+(1, ctx, B). One weighted least-squares fit (relative errors) gives all three coefficients
+jointly: the intercept gives eta_w (with the preset's c_step and c_layer kept: one intercept
+cannot separate them), the slope in ctx eta_kv, the slope in B c_req. Lines whose relative
+residual is more than 4 robust standard deviations out (e.g. an interval that included a
+prefill) are dropped and the fit repeated once.
+
+The KV term is small (on an A100 with Qwen2.5-32B, at most a tenth of a step) and c_req B smaller
+still, so a short log determines them poorly. The preset's values enter as weak priors (eta_kv
++-30%, c_req +-5 us, one standard deviation): a term the log barely constrains stays near the
+preset's value instead of swinging with the noise, and a log that does constrain it (many
+lines over a wide range of contexts) overrides them. Each efficiency comes with a 95% interval
+from the fit's covariance; when eta_w's or eta_kv's standard error exceeds 10% of its value (an
+interval wider than about +-20%), the fit carries a warning with that interval (`Fit.warnings`,
+printed by the CLI).
+
 Prefill: a prefill line's time is `#new-token / input throughput`, where SGLang measures the
 throughput over the time since the previous prefill line; under load, prefill batches run back
 to back and this is the batch's time. Lines of at least `min_prefill_tokens` new tokens are
@@ -27,12 +38,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from topas_bench.errors import TopasError
@@ -87,6 +100,35 @@ def parse_log(text: str) -> LogBatches:
     )
 
 
+#: Weak priors (one standard deviation) on the terms a log determines poorly: eta_kv relative
+#: to the preset's, and c_req in microseconds.
+ETA_KV_PRIOR_REL_SD = 0.30
+C_REQ_PRIOR_SD_US = 5.0
+#: An efficiency whose relative standard error exceeds this gets a warning with its interval.
+MAX_REL_SE = 0.10
+#: Decode lines with a relative residual beyond this many robust standard deviations are dropped.
+OUTLIER_SDS = 4.0
+_Z95 = 1.959964
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A fitted value and its 95% interval (``high`` may be inf: no upper bound)."""
+
+    value: float
+    low: float
+    high: float
+    rel_se: float  # standard error / value
+
+    @property
+    def determined(self) -> bool:
+        return self.rel_se <= MAX_REL_SE
+
+    def __str__(self) -> str:
+        high = "1" if self.high >= 1.0 else f"{self.high:.3g}"
+        return f"{self.value} (95% interval {self.low:.3g}-{high})"
+
+
 @dataclass(frozen=True)
 class Fit:
     efficiency: Efficiency
@@ -94,12 +136,17 @@ class Fit:
     prefill_lines: int
     decode_rel_err: float  # median |model - measured| / measured over decode lines, after fit
     prefill_rel_err: float
+    eta_w: Estimate | None = None
+    eta_kv: Estimate | None = None
+    c_req_se_us: float = math.nan
+    decode_outliers: int = 0  # decode lines dropped as outliers
+    warnings: tuple[str, ...] = ()
 
 
 def fit(
     batches: LogBatches, preset: Preset, min_prefill_tokens: int = 1024, min_decode_lines: int = 3
 ) -> Fit:
-    """Refit `preset`'s efficiencies and overheads to the measured batches."""
+    """Refit `preset`'s efficiencies and per-request overhead to the measured batches."""
     d = batches.decode.dropna()
     d = d[d["step_s"] > 0]
     if len(d) < min_decode_lines:
@@ -109,13 +156,40 @@ def fit(
         )
     g, m, e = preset.gpu, preset.model, preset.efficiency
     bw = g.hbm_tbps * 1e12
-    y = d["step_s"].to_numpy(float) - e.c_req_us * 1e-6 * d["running"].to_numpy(float)
-    x = np.column_stack([np.ones(len(d)), d["tokens"].to_numpy(float)])
-    (intercept, per_token), *_ = np.linalg.lstsq(x, y, rcond=None)
     fixed_s = (e.c_step_us + e.c_layer_us * m.n_layers) * 1e-6
-    eta_w = _fraction(m.weight_gb * 1e9 / (bw * (float(intercept) - fixed_s)), e.eta_w)
-    eta_kv = _fraction(preset.kv_bytes_per_token / (bw * float(per_token)), e.eta_kv)
-    c_req_us = e.c_req_us
+    x = np.column_stack(
+        [np.ones(len(d)), d["tokens"].to_numpy(float), d["running"].to_numpy(float)]
+    )
+    y = d["step_s"].to_numpy(float)
+    k0 = preset.kv_bytes_per_token / (bw * e.eta_kv)
+    prior = (np.array([math.nan, k0, e.c_req_us * 1e-6]),
+             np.array([math.inf, ETA_KV_PRIOR_REL_SD * k0, C_REQ_PRIOR_SD_US * 1e-6]))  # fmt: skip
+    keep = np.ones(len(y), dtype=bool)
+    coef, cov = _wls(x, y, *prior)
+    rel = 1.0 - x @ coef / y
+    spread = 1.4826 * float(np.median(np.abs(rel - np.median(rel))))
+    out = np.abs(rel - np.median(rel)) > OUTLIER_SDS * max(spread, 1e-4)
+    if out.any() and (~out).sum() >= min_decode_lines:
+        keep = ~out
+        coef, cov = _wls(x[keep], y[keep], *prior)
+    (intercept, per_token, per_req), se = coef, np.sqrt(np.diag(cov))
+    warnings: list[str] = []
+    eta_w = _estimate(
+        "eta_w", m.weight_gb * 1e9 / bw, intercept - fixed_s, se[0], e.eta_w, warnings
+    )
+    eta_kv = _estimate("eta_kv", preset.kv_bytes_per_token / bw, per_token, se[1], e.eta_kv,
+                       warnings)  # fmt: skip
+    ctx = x[keep, 1]
+    if not eta_kv.determined:
+        warnings.append(
+            f"eta_kv is poorly determined by this log: {eta_kv}; its decode lines' KV context "
+            f"spans {ctx.min():,.0f}-{ctx.max():,.0f} tokens over {int(keep.sum())} lines. A "
+            "longer log over a wider range of context sizes narrows it (the value leans toward "
+            f"the preset's {e.eta_kv} when the log says little)"
+        )
+    if not eta_w.determined:
+        warnings.append(f"eta_w is poorly determined by this log: {eta_w}")
+    c_req_us = round(max(float(per_req), 0.0) * 1e6, 2)
     p = batches.prefill.dropna()
     p = p[(p["new"] >= min_prefill_tokens) & (p["duration_s"] > 0)]
     eta_c = e.eta_c
@@ -126,7 +200,7 @@ def fit(
         overhead = fixed_s + c_req_us * 1e-6 * p["seqs"]
         compute_s = (p["duration_s"] - overhead).clip(lower=1e-9)
         eta_c = _fraction(float(np.median(flops / (g.peak_tflops * 1e12 * compute_s))), e.eta_c)
-    eff = replace(e, eta_c=eta_c, eta_w=eta_w, eta_kv=eta_kv)
+    eff = replace(e, eta_c=eta_c, eta_w=eta_w.value, eta_kv=eta_kv.value, c_req_us=c_req_us)
     cost = CostModel(replace(preset, efficiency=eff))
     dec_err = [
         abs(cost.decode_step_s(int(b), int(c)) - s) / s
@@ -139,7 +213,55 @@ def fit(
     return Fit(
         eff, len(d), len(p), float(np.median(dec_err)),
         float(np.median(pre_err)) if pre_err else math.nan,
+        eta_w=eta_w, eta_kv=eta_kv, c_req_se_us=float(se[2]) * 1e6,
+        decode_outliers=int((~keep).sum()), warnings=tuple(warnings),
     )  # fmt: skip
+
+
+def _wls(
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[np.float64],
+    prior_mean: npt.NDArray[np.float64],
+    prior_sd: npt.NDArray[np.float64],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Least squares of ``x @ coef ~ y`` with relative errors of a common (estimated) size, plus
+    independent Gaussian priors (an infinite sd: none); the coefficients and their covariance."""
+    n, k = x.shape
+    has = np.isfinite(prior_sd)
+    rows = np.eye(k)[has] / prior_sd[has, None]
+    target = prior_mean[has] / prior_sd[has]
+    sigma = 0.03  # relative noise; re-estimated from the residuals
+    for _ in range(4):
+        a = np.vstack([x / (y * sigma)[:, None], rows])
+        t = np.concatenate([np.full(n, 1.0 / sigma), target])
+        scale = np.linalg.norm(a, axis=0)
+        scale[scale == 0] = 1.0
+        sol, *_ = np.linalg.lstsq(a / scale, t, rcond=None)
+        coef = sol / scale
+        rel = 1.0 - x @ coef / y
+        dof = max(n + int(has.sum()) - k, 1)
+        sigma = max(float(np.sqrt(rel @ rel / dof)), 1e-6)
+    a = np.vstack([x / (y * sigma)[:, None], rows]) / scale
+    cov = np.linalg.pinv(a.T @ a) / np.outer(scale, scale)
+    return coef, cov
+
+
+def _estimate(
+    name: str, numerator: float, denom: float, se: float, fallback: float, warnings: list[str]
+) -> Estimate:
+    """An efficiency ``numerator / denom`` with its 95% interval from ``denom``'s standard
+    error; a non-physical fit keeps the preset's value (and says so)."""
+    value = _fraction(numerator / denom if denom > 0 else math.nan, math.nan)
+    if math.isnan(value):
+        warnings.append(f"{name}: the fit is not physical; kept the preset's {fallback}")
+        return Estimate(fallback, 0.0, math.inf, math.inf)
+    hi_denom = denom - _Z95 * se
+    return Estimate(
+        value,
+        numerator / (denom + _Z95 * se),
+        numerator / hi_denom if hi_denom > 0 else math.inf,
+        se / denom,
+    )
 
 
 def _fraction(x: float, fallback: float) -> float:
@@ -147,11 +269,15 @@ def _fraction(x: float, fallback: float) -> float:
     return round(x, 4) if math.isfinite(x) and 0.0 < x <= 1.0 else fallback
 
 
-def preset_toml(preset: Preset, eff: Efficiency, name: str, source: str) -> str:
-    """A preset file (the packaged presets' schema) with the fitted `[efficiency]`."""
+def preset_toml(
+    preset: Preset, eff: Efficiency, name: str, source: str, notes: Sequence[str] = ()
+) -> str:
+    """A preset file (the packaged presets' schema) with the fitted `[efficiency]`; `notes`
+    become comment lines under the header."""
     g, m = preset.gpu, preset.model
     return "\n".join([
         f"# Calibrated by `topas-bench calibrate` from {source}, starting from {preset.name}.",
+        *(f"# {line}" for line in notes),
         f'name = "{name}"',
         f'description = "{preset.description} (calibrated)"',
         "", "[gpu]", f'name = "{g.name}"', f"peak_tflops = {g.peak_tflops}",
@@ -189,5 +315,9 @@ def calibrate_file(log: Path, preset: Preset, out: Path, name: str | None = None
     except OSError as e:
         raise TopasError(f"cannot read log {log}: {e.strerror}") from None
     result = fit(parse_log(text), preset)
-    out.write_text(preset_toml(preset, result.efficiency, name or out.stem, str(log)))
+    notes = [f"eta_w {result.eta_w}, eta_kv {result.eta_kv}" if result.eta_kv else ""]
+    notes += [f"warning: {w}" for w in result.warnings]
+    out.write_text(
+        preset_toml(preset, result.efficiency, name or out.stem, str(log), [n for n in notes if n])
+    )
     return result

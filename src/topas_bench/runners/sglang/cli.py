@@ -52,7 +52,7 @@ def serve(
 
     params = parse_assignments(scheduler_param or [], "--scheduler-param")
     make_policy(scheduler, **params)  # a bad name or parameter fails here, not in the server
-    load_preset(preset)
+    preset = load_preset(preset).source or preset  # a file: its absolute path, for the server
     exe = python or sys.executable
     if not Path(exe).exists():
         raise TopasError(f"--python {exe} does not exist")
@@ -78,16 +78,19 @@ def calibrate(
       topas-bench calibrate runs/.../server.log --preset a100-qwen32b -o a100-qwen32b-cal.toml
     """
     from topas_bench.runners.sglang.calibrate import calibrate_file
-    from topas_bench.runners.sim.cost import load_preset, load_preset_file
+    from topas_bench.runners.sim.cost import load_preset
 
-    base = load_preset_file(preset) if preset.endswith(".toml") else load_preset(preset)
+    base = load_preset(preset)
     fit = calibrate_file(log, base, output, name)
     e = fit.efficiency
+    dropped = f" ({fit.decode_outliers} decode outliers dropped)" if fit.decode_outliers else ""
     typer.echo(
-        f"fitted from {fit.decode_lines} decode and {fit.prefill_lines} prefill lines: "
-        f"eta_c {e.eta_c}, eta_w {e.eta_w}, eta_kv {e.eta_kv} (overheads kept: c_step_us "
-        f"{e.c_step_us}, c_layer_us {e.c_layer_us}, c_req_us {e.c_req_us})"
+        f"fitted from {fit.decode_lines} decode and {fit.prefill_lines} prefill lines{dropped}: "
+        f"eta_c {e.eta_c}, eta_w {fit.eta_w}, eta_kv {fit.eta_kv}, c_req_us {e.c_req_us} "
+        f"(+-{fit.c_req_se_us:.1f}) (kept: c_step_us {e.c_step_us}, c_layer_us {e.c_layer_us})"
     )
+    for warning in fit.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(
         f"median relative error: decode {fit.decode_rel_err:.1%}, prefill "
         f"{fit.prefill_rel_err:.1%}; wrote {output}"

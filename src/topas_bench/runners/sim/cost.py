@@ -12,11 +12,14 @@ measured iteration times and swaps them in with `dataclasses.replace`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
@@ -104,6 +107,9 @@ class Preset:
     model: ModelSpec
     efficiency: Efficiency = field(default_factory=Efficiency)
     mem_fraction_static: float = 0.88
+    #: The absolute path of a preset loaded from a file by `load_preset` (None: packaged), so
+    #: another process (the SGLang plugin) can load the same preset. Not part of the value.
+    source: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(self, "serving", ("mem_fraction_static",), fraction=True)
@@ -208,6 +214,7 @@ class CostModel:
 _T = TypeVar("_T")
 _PRESETS = resources.files("topas_bench.runners.sim") / "presets"
 _SECTIONS = ("gpu", "model", "efficiency")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def preset_names() -> list[str]:
@@ -215,11 +222,37 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in _PRESETS.iterdir() if p.name.endswith(".toml"))
 
 
-def load_preset(name: str) -> Preset:
-    """A packaged preset by name; an unknown name raises `UnknownNameError` listing the known."""
-    if name not in preset_names():
-        raise UnknownNameError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
-    resource = _PRESETS / f"{name}.toml"
+def is_preset_path(spec: str) -> bool:
+    """Whether a `--preset` value names a file (a path separator, or a `.toml` ending)."""
+    seps = [sep for sep in ("/", os.sep, os.altsep) if sep]
+    return spec.endswith(".toml") or any(sep in spec for sep in seps)
+
+
+def load_preset(spec: str) -> Preset:
+    """A packaged preset by name, or a preset file (e.g. from `calibrate`) by path.
+
+    A name that `is_preset_path` is read with `load_preset_file`; the preset is then named
+    ``NAME@HASH``, its file's `name` plus the first 8 hex digits of the SHA-256 of its values
+    (comments and formatting aside), so runs on two different files that share a name, or on
+    one file before and after a recalibration, get different identities and directories.
+    An unknown name raises `UnknownNameError` listing the known ones.
+    """
+    if is_preset_path(spec):
+        preset = load_preset_file(spec)
+        if not _SAFE_NAME.fullmatch(preset.name):
+            raise TopasError(
+                f"{spec}: preset name {preset.name!r} must be letters, digits, '.', '_' or '-' "
+                "(it becomes part of run directory names)"
+            )
+        values = json.dumps(asdict(replace(preset, source=None)), sort_keys=True)
+        digest = hashlib.sha256(values.encode()).hexdigest()[:8]
+        return replace(preset, name=f"{preset.name}@{digest}", source=os.path.abspath(spec))
+    if spec not in preset_names():
+        raise UnknownNameError(
+            f"unknown preset {spec!r}; known: {', '.join(preset_names())} "
+            "(or a path to a preset .toml file)"
+        )
+    resource = _PRESETS / f"{spec}.toml"
     return _parse(resource.read_text(encoding="utf-8"), source=str(resource))
 
 
