@@ -11,6 +11,7 @@ The real engines: tests/test_client_vllm.py (vLLM on CPU), tests/test_sglang_ada
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -348,8 +349,9 @@ def test_server_that_exits_at_start_names_the_cause(
 def test_serve_passes_args_and_plugin_env(tmp_path: Path) -> None:
     seen = tmp_path / "seen.txt"
     script = tmp_path / "py"
-    script.write_text(
-        f'#!/bin/sh\necho "$* | $TOPAS_SCHEDULER $TOPAS_SCHEDULER_PARAMS" > {seen}\nexit 7\n'
+    script.write_text(  # answers the module probe (`-c`: nothing missing), then "serves"
+        '#!/bin/sh\n[ "$1" = "-c" ] && exit 0\n'
+        f'echo "$* | $TOPAS_SCHEDULER $TOPAS_SCHEDULER_PARAMS" > {seen}\nexit 7\n'
     )
     script.chmod(0o755)
     res = CliRunner().invoke(
@@ -362,3 +364,14 @@ def test_serve_passes_args_and_plugin_env(tmp_path: Path) -> None:
     )
     bad = CliRunner().invoke(app, ["serve", "-s", "nope", "--python", str(script)])
     assert bad.exit_code == 2 and "unknown scheduler" in bad.output
+
+
+def test_an_interpreter_without_sglang_is_refused_before_launch(tmp_path: Path) -> None:
+    """This test's interpreter has topas-bench but no SGLang: say so instead of starting it."""
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("this interpreter has SGLang")
+    res = CliRunner().invoke(app, ["serve", "--python", sys.executable, "--", "--port", "1"])
+    assert res.exit_code == 2 and "lacks sglang" in res.output, res.output
+    res = CliRunner().invoke(app, _run_args(tmp_path, "--model", str(tmp_path),
+                                            "--server-python", sys.executable))  # fmt: skip
+    assert res.exit_code == 2 and "--server-python" in res.output and "lacks sglang" in res.output

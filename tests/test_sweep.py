@@ -121,6 +121,13 @@ def test_sweep_resumes_and_skips_finished_cells(tmp_path: Path) -> None:
     code, output = invoke("sweep", *TINY, "--out", out, "-j", "1")
     assert "8 cells: 0 ran, 8 already finished" in output
     assert {d: (d / "run.json").stat().st_mtime_ns for d in run_dirs(out)} == stamps
+    # a cell stored for another workload sample is stale: rerun, not skipped
+    stale = dirs[0] / "run.json"
+    meta = json.loads(stale.read_text())
+    stale.write_text(json.dumps({**meta, "workload_digest": "0" * 16}))
+    code, output = invoke("sweep", *TINY, "--out", out, "-j", "1")
+    assert "8 cells: 1 ran, 7 already finished" in output, output
+    assert json.loads(stale.read_text())["workload_digest"] == meta["workload_digest"]
     code, output = invoke("sweep", *TINY, "--out", out, "-j", "1", "--force")
     assert "8 cells: 8 ran" in output and run_dirs(out) == dirs
     # every scheduler of a group ran on the same sample; report reads it all

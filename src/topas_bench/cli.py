@@ -140,7 +140,11 @@ def run(
     tasks: Annotated[int, typer.Option("--tasks", "-n", help="Number of tasks.")] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the workload sample.")] = 0,
     preset: Annotated[
-        str, typer.Option(help="Hardware/model preset (see `presets list`).")
+        str,
+        typer.Option(
+            help="Hardware/model preset: a name (see `presets list`) or a preset .toml file "
+            "(e.g. from `calibrate`)."
+        ),
     ] = "a100-qwen32b",
     kv_budget: Annotated[
         int | None,
@@ -258,7 +262,9 @@ def tune(
     rate: Annotated[
         float | None, typer.Option(help="Arrival rate, tasks/s (default: the workload's).")
     ] = None,
-    preset: Annotated[str, typer.Option(help="Preset.")] = "a100-qwen32b",
+    preset: Annotated[
+        str, typer.Option(help="Preset: a name or a preset .toml file.")
+    ] = "a100-qwen32b",
     kv_budget: Annotated[
         int | None, typer.Option("--kv-budget", help="KV budget in tokens.")
     ] = None,
@@ -427,7 +433,9 @@ def presets_list() -> None:
 
 @presets_app.command("show")
 @handles_errors
-def presets_show(name: Annotated[str, typer.Argument(help="Preset name.")]) -> None:
+def presets_show(
+    name: Annotated[str, typer.Argument(help="Preset name or preset .toml file.")],
+) -> None:
     """Show a preset's hardware, model and cost-model values.
 
     Example: topas-bench presets show a100-qwen32b

@@ -72,7 +72,9 @@ def sweep(
     ] = None,
     rate: Annotated[str | None, typer.Option(help="Rates (tasks/s), comma-separated.")] = None,
     seeds: Annotated[str | None, typer.Option(help="Seeds: 0,1,2 or 0-2 (default: 0).")] = None,
-    preset: Annotated[str | None, typer.Option(help="Presets, comma-separated.")] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Presets (names or .toml files), comma-separated.")
+    ] = None,
     kv_budget: Annotated[
         str | None,
         typer.Option(

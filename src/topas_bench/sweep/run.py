@@ -25,7 +25,7 @@ from typing import Any
 
 from topas_bench.errors import TopasError
 from topas_bench.experiment import RunPlan, measure_capacity, plan_run, run_cell, workload_digest
-from topas_bench.results import TABLES, is_finished
+from topas_bench.results import TABLES, reusable
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import Group, SweepSpec
@@ -169,11 +169,11 @@ def run_sweep(
         traces: dict[int, tuple[str, str]] = {}  # one trace text per group plan
         for plan, scheduler in plans:
             result.cells += 1
-            if not force and is_finished(plan.identity(scheduler).run_dir(out)):
-                result.skipped += 1
-                continue
             if id(plan) not in traces:
                 traces[id(plan)] = (dumps_workload(plan.workload), workload_digest(plan.workload))
+            if not force and reusable(plan.identity(scheduler).run_dir(out), traces[id(plan)][1]):
+                result.skipped += 1
+                continue
             todo.append(_job(plan, scheduler, force, compact, *traces[id(plan)]))
         progress.phase("cells", len(todo))
         for outcome in ex.imap_unordered(run_cell_job, todo):

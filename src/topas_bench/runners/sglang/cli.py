@@ -10,8 +10,6 @@ from typing import Annotated
 
 import typer
 
-from topas_bench.errors import TopasError
-
 
 def register(app: typer.Typer) -> None:
     from topas_bench.cli import handles_errors
@@ -46,7 +44,7 @@ def serve(
       topas-bench serve --scheduler topas -- --model-path Qwen/Qwen2.5-32B-Instruct --port 30000
     """
     from topas_bench.cli import parse_assignments
-    from topas_bench.runners.sglang.launcher import plugin_env
+    from topas_bench.runners.sglang.launcher import check_server_python, plugin_env
     from topas_bench.runners.sim.cost import load_preset
     from topas_bench.schedulers.registry import make_policy
 
@@ -54,8 +52,7 @@ def serve(
     make_policy(scheduler, **params)  # a bad name or parameter fails here, not in the server
     preset = load_preset(preset).source or preset  # a file: its absolute path, for the server
     exe = python or sys.executable
-    if not Path(exe).exists():
-        raise TopasError(f"--python {exe} does not exist")
+    check_server_python(exe, "--python")
     import os
 
     argv = [exe, "-m", "sglang.launch_server", *ctx.args]

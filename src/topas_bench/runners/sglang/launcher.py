@@ -40,6 +40,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def check_server_python(python: str, flag: str) -> None:
+    """Fail before launching when `python` cannot run the plugin: it must import SGLang and
+    topas-bench (the plugin registers through topas-bench's entry point)."""
+    if not Path(python).exists():
+        raise TopasError(f"{flag} {python} does not exist")
+    probe = (
+        "import importlib.util as u; "
+        "print(' '.join(m for m in ('sglang', 'topas_bench') if u.find_spec(m) is None))"
+    )
+    try:
+        res = subprocess.run(
+            [python, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TopasError(f"{flag} {python}: cannot run it ({e})") from None
+    missing = res.stdout.split() if res.returncode == 0 else ["(the interpreter failed)"]
+    if missing:
+        raise TopasError(
+            f"{flag} {python} lacks {', '.join(missing)}: point it at an interpreter with SGLang "
+            "0.5.23 and topas-bench installed (docs/gpu.md)"
+        )
+
+
 def sglang_argv(
     python: str, model: str, port: int, kv_budget_tokens: int | None, extra: Sequence[str]
 ) -> list[str]:

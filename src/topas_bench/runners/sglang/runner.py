@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from topas_bench.runners.sglang.http import RequestError, request_json
 from topas_bench.runners.sglang.launcher import (
     Server,
     ServerError,
+    check_server_python,
     looks_like_hub_id,
     sglang_server,
 )
@@ -104,10 +106,10 @@ def options(
             "--length-hint and --host-tier-tokens are simulator settings; a real server has "
             "neither (use SGLang's own --enable-hierarchical-cache via --sglang-arg)"
         )
-    if server_python is not None and not Path(server_python).exists():
-        raise TopasError(f"--server-python {server_python} does not exist")
     if model is not None and not Path(model).exists() and not looks_like_hub_id(model):
         raise TopasError(f"--model {model!r}: no such model directory")
+    if model is not None and endpoint is None:  # we start the servers
+        check_server_python(server_python or sys.executable, "--server-python")
     return dataclasses.replace(plan, sglang=opts)
 
 
