@@ -363,23 +363,29 @@ def brute_force(inp: PackInputs, reuse: dict[str, float]) -> float:
 
 @st.composite
 def search_cases(draw: st.DrawFn) -> tuple[PackInputs, dict[str, float]]:
+    """Consistent states: an agent is resident and unlocked (in `prefix_tokens`), locked by
+    running requests, or absent; a candidate's need includes its unlocked agent prefix (the
+    lock cost `prefix_unlocked`), an absent agent's candidate pays a move cost."""
     agents = ["a", "b", "c", "d", "e"]
-    n = draw(st.integers(1, 8))
-    ranked = [
-        cand(
-            i,
-            draw(st.sampled_from(agents)),
-            draw(st.floats(0.1, 50)),
-            draw(st.integers(100, 6000)),
-            prefix=draw(st.sampled_from([0, 1000, 2000])),
-            resident=draw(st.booleans()),
-            move=draw(st.sampled_from([0.0, 0.5, 3.0])),
-        )
-        for i in range(n)
-    ]
     prefix_tokens = {a: draw(st.integers(500, 5000)) for a in agents if draw(st.booleans())}
-    reuse = {a: draw(st.floats(0.0, 20.0)) for a in agents if draw(st.booleans())}
     locked = frozenset(a for a in agents if draw(st.booleans()) and a not in prefix_tokens)
+    ranked = []
+    for i in range(draw(st.integers(1, 8))):
+        agent = draw(st.sampled_from(agents))
+        resident = agent in prefix_tokens or agent in locked
+        unlocked = prefix_tokens.get(agent, 0)
+        ranked.append(
+            cand(
+                i,
+                agent,
+                draw(st.floats(0.1, 50)),
+                unlocked + draw(st.integers(100, 6000)),
+                prefix=unlocked,
+                resident=resident,
+                move=0.0 if resident else draw(st.sampled_from([0.5, 3.0])),
+            )
+        )
+    reuse = {a: draw(st.floats(0.0, 20.0)) for a in agents if draw(st.booleans())}
     inp = inputs(ranked, float(draw(st.integers(0, 20000))), prefix_tokens=prefix_tokens,
                  locked_agents=locked, max_actions=draw(st.integers(1, 8)))  # fmt: skip
     return inp, reuse
