@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from scripted_server import running_responder
 from topas_bench.cli import app
 from topas_bench.workloads.trace import load_workload
 
@@ -35,19 +35,8 @@ def metagpt_venv() -> Path:
 @pytest.fixture
 def responder() -> Iterator[str]:
     """Two code files; reviews alternate LBTM, LGTM: each file is rewritten once."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "topas_bench.recorder.responder", "--port", "0", "--files", "2",
-         "--reviews", "LBTM,LGTM"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1]
-    finally:
-        child.terminate()  # by pid
-        child.wait(timeout=10)
+    with running_responder("--files", "2", "--reviews", "LBTM,LGTM") as url:
+        yield url
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from scripted_server import running_responder
 from topas_bench.cli import app
 from topas_bench.workloads.trace import load_workload
 
@@ -55,19 +55,8 @@ def main_venv(metagpt_src: Path) -> Path:
 
 @pytest.fixture
 def tl_responder() -> Iterator[str]:
-    child = subprocess.Popen(
-        [sys.executable, "-m", "topas_bench.recorder.responder", "--workflow", "tl", "--port",
-         "0", "--files", "2"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1]
-    finally:
-        child.terminate()  # by pid
-        child.wait(timeout=10)
+    with running_responder("--workflow", "tl", "--files", "2") as url:
+        yield url
 
 
 @pytest.mark.slow

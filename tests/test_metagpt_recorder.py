@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from scripted_server import running_responder
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
 from topas_bench.recorder import hook
@@ -120,18 +120,8 @@ def test_script_walks_the_sop() -> None:
 @pytest.fixture
 def responder() -> Iterator[str]:
     """The scripted server as a child process on 127.0.0.1; stopped by pid."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "topas_bench.recorder.responder", "--port", "0"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1]
-    finally:
-        child.terminate()
-        child.wait(timeout=10)
+    with running_responder() as url:
+        yield url
 
 
 def test_responder_http(responder: str) -> None:
