@@ -127,7 +127,8 @@ def run(
         typer.Option(
             "--scheduler",
             "-s",
-            help="`all` (baselines + topas), `baselines`, `ablations`, `everything`, or a,b,c.",
+            help="`all` (baselines + topas), `baselines`, `ablations`, `everything`, names, or a "
+            "comma-separated mix (all,topas-base).",
         ),
     ] = "all",
     rate: Annotated[
