@@ -222,11 +222,8 @@ def run_cell(
     ident = plan.identity(scheduler)
     run_dir = ident.run_dir(plan.out)
     digest = workload_digest(plan.workload)
-    if not force and reusable(run_dir, digest):
-        meta = read_meta(run_dir)
-        return CellResult(
-            scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
-        )
+    if not force and (stored := stored_cell(scheduler, run_dir, digest)) is not None:
+        return stored
     policy = make_policy(scheduler, **plan.scheduler_params.get(scheduler, {}))
     sim = Simulator(plan.workload, policy, CostModel(plan.preset), plan.sim, on_task_done)
     res = sim.run()
@@ -254,12 +251,29 @@ def run_cell(
     return CellResult(scheduler, run_dir, summary, res.sim_time_s, res.wall_s)
 
 
-def workload_digest(w: Workload) -> str:
-    import hashlib
+def stored_cell(scheduler: str, run_dir: Path, digest: str) -> CellResult | None:
+    """The stored result in `run_dir` if it is a finished run of the same workload sample
+    (`results.reusable`), else None."""
+    if not reusable(run_dir, digest):
+        return None
+    meta = read_meta(run_dir)
+    return CellResult(
+        scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
+    )
 
+
+def workload_digest(w: Workload) -> str:
     from topas_bench.workloads.trace import dumps_workload
 
-    return hashlib.sha256(dumps_workload(w).encode()).hexdigest()[:16]
+    return trace_digest(dumps_workload(w))
+
+
+def trace_digest(trace: str) -> str:
+    """The digest of a workload's trace text (`dumps_workload`): `workload_digest` without
+    serialising again when the text is at hand."""
+    import hashlib
+
+    return hashlib.sha256(trace.encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=64)

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
-from topas_bench.experiment import RunPlan, measure_capacity, plan_run, run_cell, workload_digest
+from topas_bench.experiment import (
+    RunPlan,
+    measure_capacity,
+    plan_run,
+    run_cell,
+    trace_digest,
+    workload_digest,
+)
 from topas_bench.results import TABLES, reusable
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.sweep.executors import Executor, make_executor
@@ -170,7 +177,8 @@ def run_sweep(
         for plan, scheduler in plans:
             result.cells += 1
             if id(plan) not in traces:
-                traces[id(plan)] = (dumps_workload(plan.workload), workload_digest(plan.workload))
+                trace = dumps_workload(plan.workload)
+                traces[id(plan)] = (trace, trace_digest(trace))
             if not force and reusable(plan.identity(scheduler).run_dir(out), traces[id(plan)][1]):
                 result.skipped += 1
                 continue

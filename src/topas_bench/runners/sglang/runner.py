@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from topas_bench.errors import TopasError
-from topas_bench.results import RunIdentity, is_finished, read_meta, reusable, write_run
+from topas_bench.results import RunIdentity, is_finished, write_run
 from topas_bench.runners.sglang.client import (
     ClientConfig,
     RequestRecord,
@@ -135,16 +135,13 @@ def run_cell(
     force: bool = False,
     on_task_done: Callable[[int], None] | None = None,
 ) -> CellResult:
-    from topas_bench.experiment import CellResult, workload_digest
+    from topas_bench.experiment import stored_cell, workload_digest
 
     ident = identity(plan, scheduler, opts)
     run_dir = ident.run_dir(plan.out)
     digest = workload_digest(plan.workload)
-    if not force and reusable(run_dir, digest):
-        meta = read_meta(run_dir)
-        return CellResult(
-            scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
-        )
+    if not force and (stored := stored_cell(scheduler, run_dir, digest)) is not None:
+        return stored
     run_dir.mkdir(parents=True, exist_ok=True)
     journal = run_dir / JOURNAL
     if force or is_finished(run_dir):  # forced, or finished on another workload sample
@@ -163,7 +160,8 @@ def run_cell(
         if server is not None:
             server.stop()
     done = _load_journal(journal)
-    return _finish(plan, ident, run_dir, done, server, time.monotonic() - wall0, len(remaining))
+    wall_s = time.monotonic() - wall0
+    return _finish(plan, ident, run_dir, digest, done, server, wall_s, len(remaining))
 
 
 def _server(plan: RunPlan, scheduler: str, opts: SglangOptions, run_dir: Path) -> Server:
@@ -254,12 +252,12 @@ def _load_journal(path: Path) -> dict[str, tuple[list[Any], list[list[Any]]]]:
 
 
 def _finish(
-    plan: RunPlan, ident: RunIdentity, run_dir: Path,
+    plan: RunPlan, ident: RunIdentity, run_dir: Path, digest: str,
     done: dict[str, tuple[list[Any], list[list[Any]]]], server: Server | None, wall_s: float,
     attempted: int,
 ) -> CellResult:  # fmt: skip
     from topas_bench.analysis.metrics import RunTables, summarize
-    from topas_bench.experiment import CellResult, workload_digest
+    from topas_bench.experiment import CellResult
 
     ok_rows = [task[:-1] for task, _ in done.values() if task[-1]]
     req_rows = [tuple(r) for _, reqs in done.values() for r in reqs]
@@ -297,7 +295,7 @@ def _finish(
     info = {
         "summary": summary, "counters": counters, "sim_time_s": span, "wall_s": wall_s,
         "load": plan.load, "capacity_tps": plan.capacity_tps,
-        "workload_digest": workload_digest(plan.workload), "resumed": attempted < plan.num_tasks,
+        "workload_digest": digest, "resumed": attempted < plan.num_tasks,
     }  # fmt: skip
     write_run(run_dir, ident, tables, info)
     return CellResult(ident.scheduler, run_dir, summary, span, wall_s)
