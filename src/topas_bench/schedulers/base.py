@@ -214,6 +214,20 @@ class InvalidParameter(TopasError):
     """A scheduler parameter outside its valid range."""
 
 
+def reject_unknown(policy: str, params: Mapping[str, Any], valid: Sequence[str] = ()) -> None:
+    """`InvalidParameter` naming the first of `params` not in `valid`, and the valid names."""
+    unknown = sorted(set(params) - set(valid))
+    if not unknown:
+        return
+    if not valid:
+        raise InvalidParameter(
+            f"scheduler {policy!r} takes no parameters (got {', '.join(unknown)})"
+        )
+    raise InvalidParameter(
+        f"scheduler {policy!r}: unknown parameter {unknown[0]!r}; valid: {', '.join(valid)}"
+    )
+
+
 def require_number(
     policy: str, name: str, value: object, low: float = 0.0, *, strict: bool = False
 ) -> float:
@@ -258,10 +272,7 @@ class Policy(ABC):
     acts_while_blocked: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
-        if params:
-            raise InvalidParameter(
-                f"scheduler {self.name!r} takes no parameters (got {', '.join(sorted(params))})"
-            )
+        reject_unknown(self.name, params)
 
     @property
     def params(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from topas_bench.registry import Registry
 from topas_bench.schedulers.autellix import Autellix
-from topas_bench.schedulers.base import InvalidParameter, Policy
+from topas_bench.schedulers.base import Policy, reject_unknown
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.parrot import ParrotFCFS
@@ -34,15 +34,7 @@ ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging")
 def make_policy(name: str, **params: Any) -> Policy:
     """A fresh policy instance; unknown names list the known ones, bad params name the field."""
     cls = SCHEDULERS.get(name)
-    if params and not issubclass(cls, Topas):  # TOPAS checks its own names (and aliases)
-        valid = [p for p in inspect.signature(cls).parameters if p not in ("self", "params")]
-        unknown = sorted(set(params) - set(valid))
-        if unknown:
-            if not valid:
-                raise InvalidParameter(
-                    f"scheduler {name!r} takes no parameters (got {', '.join(unknown)})"
-                )
-            raise InvalidParameter(
-                f"scheduler {name!r}: unknown parameter {unknown[0]!r}; valid: {', '.join(valid)}"
-            )
+    signature = inspect.signature(cls).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in signature):  # else the class checks **params
+        reject_unknown(name, params, [p.name for p in signature])
     return cls(**params)
