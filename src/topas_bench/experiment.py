@@ -11,13 +11,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topas_bench.analysis.metrics import RunTables, summarize
 from topas_bench.errors import TopasError
-from topas_bench.results import RunIdentity, read_meta, reusable, write_run
+from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
+from topas_bench.runners.engines import ENGINES
 from topas_bench.runners.sim.config import LengthHint, SimConfig
 from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
@@ -30,59 +29,6 @@ from topas_bench.workloads.trace import validate
 CAPACITY_PROBE_TASKS = 200
 CAPACITY_JCT_INFLATION = 3.0
 CAPACITY_BISECTIONS = 7
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    workload: Workload
-    workload_name: str
-    workload_params: Mapping[str, Any]
-    schedulers: tuple[str, ...]
-    scheduler_params: Mapping[str, Mapping[str, Any]]
-    num_tasks: int
-    seed: int
-    rate_per_s: float
-    load: float | None
-    capacity_tps: float | None
-    preset: Preset
-    kv_budget_tokens: int
-    kv_budget_derived: bool
-    sim: SimConfig
-    out: Path
-    #: `runners.sglang.runner.SglangOptions` when the engine is a real SGLang server.
-    sglang: Any = None
-
-    def identity(self, scheduler: str) -> RunIdentity:
-        defaults = SimConfig(kv_budget_tokens=self.kv_budget_tokens)
-        engine_params = {
-            k: getattr(self.sim, k)
-            for k in ("host_tier_tokens", "length_hint", "chunked_prefill_size",
-                      "max_prefill_tokens", "decision_interval_steps", "max_running_requests")
-            if getattr(self.sim, k) != getattr(defaults, k)
-        }  # fmt: skip
-        return RunIdentity(
-            workload=self.workload_name,
-            num_tasks=self.num_tasks,
-            rate_per_s=self.rate_per_s,
-            seed=self.seed,
-            scheduler=scheduler,
-            preset=self.preset.name,
-            kv_budget_tokens=self.kv_budget_tokens,
-            workload_params=dict(self.workload_params),
-            scheduler_params=dict(self.scheduler_params.get(scheduler, {})),
-            engine_params=engine_params,
-        )
-
-
-@dataclass(frozen=True)
-class CellResult:
-    scheduler: str
-    run_dir: Path
-    summary: dict[str, float]
-    sim_time_s: float
-    wall_s: float
-    cached: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 #: Named groups accepted by `--scheduler`.
@@ -131,8 +77,10 @@ def plan_run(
     out: Path = Path("runs"),
     workload_params: Mapping[str, Any] | None = None,
     scheduler_params: Mapping[str, Mapping[str, Any]] | None = None,
+    engine: str = "sim",
 ) -> RunPlan:
     spec = WORKLOADS.get(workload)
+    ENGINES.get(engine)  # an unknown engine: raises with the known names
     pre = load_preset(preset)
     if num_tasks < 1:
         raise TopasError(f"--tasks must be a positive integer, got {num_tasks}")
@@ -178,7 +126,7 @@ def plan_run(
         workload=w, workload_name=workload, workload_params=wparams, schedulers=tuple(schedulers),
         scheduler_params=sparams, num_tasks=num_tasks, seed=seed, rate_per_s=rate, load=load,
         capacity_tps=capacity, preset=pre, kv_budget_tokens=budget,
-        kv_budget_derived=kv_budget_tokens is None, sim=sim, out=out,
+        kv_budget_derived=kv_budget_tokens is None, sim=sim, out=out, engine=engine,
     )  # fmt: skip
 
 
@@ -215,65 +163,11 @@ def run_cell(
     force: bool = False,
     on_task_done: Callable[[int], None] | None = None,
 ) -> CellResult:
-    if plan.sglang is not None:
-        from topas_bench.runners.sglang import runner
-
-        return runner.run_cell(plan, scheduler, plan.sglang, force=force, on_task_done=on_task_done)
-    ident = plan.identity(scheduler)
-    run_dir = ident.run_dir(plan.out)
-    digest = workload_digest(plan.workload)
-    if not force and (stored := stored_cell(scheduler, run_dir, digest)) is not None:
-        return stored
-    policy = make_policy(scheduler, **plan.scheduler_params.get(scheduler, {}))
-    sim = Simulator(plan.workload, policy, CostModel(plan.preset), plan.sim, on_task_done)
-    res = sim.run()
-    counters = {
-        "preemptions": float(res.preemptions),
-        "admitted_prompt_tokens": float(res.prefill_tokens),
-        "cached_prompt_tokens": float(res.cached_tokens),
-        "iterations": float(res.iterations),
-    }
-    summary = summarize(RunTables(res.tasks, res.requests, res.decisions, counters))
-    tables = {
-        "requests": res.requests, "tasks": res.tasks,
-        "timeline": res.timeline, "decisions": res.decisions,
-    }  # fmt: skip
-    info = {
-        "summary": summary,
-        "counters": counters,
-        "sim_time_s": res.sim_time_s,
-        "wall_s": res.wall_s,
-        "load": plan.load,
-        "capacity_tps": plan.capacity_tps,
-        "workload_digest": digest,
-    }
-    write_run(run_dir, ident, tables, info)
-    return CellResult(scheduler, run_dir, summary, res.sim_time_s, res.wall_s)
-
-
-def stored_cell(scheduler: str, run_dir: Path, digest: str) -> CellResult | None:
-    """The stored result in `run_dir` if it is a finished run of the same workload sample
-    (`results.reusable`), else None."""
-    if not reusable(run_dir, digest):
-        return None
-    meta = read_meta(run_dir)
-    return CellResult(
-        scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
-    )
-
-
-def workload_digest(w: Workload) -> str:
-    from topas_bench.workloads.trace import dumps_workload
-
-    return trace_digest(dumps_workload(w))
-
-
-def trace_digest(trace: str) -> str:
-    """The digest of a workload's trace text (`dumps_workload`): `workload_digest` without
-    serialising again when the text is at hand."""
-    import hashlib
-
-    return hashlib.sha256(trace.encode()).hexdigest()[:16]
+    """Run one scheduler of `plan` on its engine (`runners.engines.ENGINES`), or return the
+    stored result of a run with the same identity unless `force`."""
+    run = ENGINES.get(plan.engine).run_cell()
+    result: CellResult = run(plan, scheduler, force=force, on_task_done=on_task_done)
+    return result
 
 
 @functools.lru_cache(maxsize=64)
@@ -311,4 +205,7 @@ def measure_capacity(
     return math.sqrt(lo * hi)
 
 
-__all__ = ["BASELINES", "CellResult", "RunPlan", "measure_capacity", "plan_run", "run_cell"]
+__all__ = [
+    "BASELINES", "CellResult", "RunPlan", "measure_capacity", "plan_run", "run_cell",
+    "stored_cell", "trace_digest", "workload_digest",
+]  # fmt: skip

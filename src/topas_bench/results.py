@@ -37,6 +37,8 @@ class RunIdentity:
     preset: str
     kv_budget_tokens: int
     engine: str = "sim"
+    #: `runners.engines.Engine.version`: cells made by an older engine are never reused.
+    engine_version: int = 0
     workload_params: Mapping[str, Any] = field(default_factory=dict)
     scheduler_params: Mapping[str, Any] = field(default_factory=dict)
     engine_params: Mapping[str, Any] = field(default_factory=dict)

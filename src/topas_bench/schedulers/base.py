@@ -267,9 +267,14 @@ class Policy(ABC):
 
     name: ClassVar[str] = ""
     reorders_during_decode: ClassVar[bool] = True
-    #: True for policies that preempt or pin prefixes: the simulator then consults them every
-    #: `decision_interval_steps` even while no waiting request could be admitted.
-    acts_while_blocked: ClassVar[bool] = False
+    #: The one door for acting while the batch is full. SGLang stops trying to admit once a
+    #: prefill attempt finds the batch full (`ScheduleBatch.batch_is_full`, cleared only when a
+    #: running request leaves), so a policy is normally not consulted until then. True opens
+    #: the door SGLang itself has (`enable_priority_preemption` clears the latch before every
+    #: prefill attempt, `Scheduler._get_new_batch_prefill_raw`): the engine, simulated or real
+    #: (the plugin's adapter), then asks the policy at every iteration while requests wait, so
+    #: it can preempt for a better candidate, and pays a prefill attempt per step for it.
+    acts_while_full: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         reject_unknown(self.name, params)

@@ -56,6 +56,8 @@ from topas_bench.schedulers.base import Decision, Policy, PrefixLocation, Prefix
 from topas_bench.schedulers.estimator import ServiceEstimator
 
 SGLANG_VERSION = "0.5.23"
+#: Called after every decision with (wall seconds, waiting requests, the decision).
+DecisionHook = Callable[[float, int, Decision], None]
 STATUS_EVERY = 1000  # decisions between status lines in the server log
 logger = logging.getLogger("topas_bench.sglang")
 
@@ -72,8 +74,10 @@ class Bridge:
         *,
         clock: Callable[[], float] = time.monotonic,
         unix_clock: Callable[[], float] = time.time,
+        on_decision: DecisionHook | None = None,
     ) -> None:
         self.policy = policy
+        self.on_decision = on_decision
         self.tree_cache = tree_cache
         self.allocator = allocator
         self.tracker = Tracker(estimator, clock, unix_clock)
@@ -109,8 +113,11 @@ class Bridge:
         view = SglangView(self, waiting_queue, running)
         t0 = time.perf_counter()
         decision = self.policy.decide(view) if waiting_queue else Decision()
-        self.decision_wall_s += time.perf_counter() - t0
+        wall_s = time.perf_counter() - t0
+        self.decision_wall_s += wall_s
         self.decisions += 1
+        if self.on_decision is not None:
+            self.on_decision(wall_s, len(waiting_queue), decision)
         if self.decisions % STATUS_EVERY == 0:
             logger.info(
                 "topas: %d decisions, mean %.3f ms; %d live tasks; untagged_requests=%d %s",
@@ -166,8 +173,14 @@ class Bridge:
 
     # -- memory ---------------------------------------------------------------------------
     def match(self, token_ids: Sequence[int]) -> Any:
+        """SGLang's `match_prefix`, which also splits the matched node and refreshes the LRU
+        time of the path: only for prefixes the policy acts on (keeping one)."""
         key = RadixKey(token_ids=array("q", token_ids))
         return self.tree_cache.match_prefix(MatchPrefixParams(key=key))
+
+    def cached(self, token_ids: Sequence[int]) -> int:
+        """Device-resident prefix length of `token_ids`, read-only (`device_prefix_len`)."""
+        return device_prefix_len(self.tree_cache, token_ids)
 
     def reserved(self, running: Sequence[Req]) -> float:
         """`PrefillAdder._get_running_request_total_token_offset` over the running batch."""
@@ -184,6 +197,17 @@ class Bridge:
 
     def agent_in_use(self, agent: str, running: Sequence[Req]) -> bool:
         return any(self.tracker.get(r).agent == agent for r in running) or agent in self.pins
+
+
+def device_prefix_len(tree_cache: Any, token_ids: Sequence[int]) -> int:
+    """How many leading tokens of `token_ids` are on the device, read-only: the tree core's
+    `match_full_device_prefix` neither splits a node nor refreshes LRU times, so looking does
+    not change what SGLang later evicts (`match_prefix` does both)."""
+    key = RadixKey(token_ids=array("q", token_ids))
+    core = getattr(tree_cache, "tree_core", None)
+    if core is not None:
+        return int(core.match_full_device_prefix(key)[0])
+    return int(tree_cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len)
 
 
 class SglangView:
@@ -249,7 +273,7 @@ class SglangView:
         rid = req.engine.rid
         if rid not in self._hits:
             ids = list(req.engine.origin_input_ids) + list(req.engine.output_ids)
-            self._hits[rid] = int(self._b.match(ids).device_prefix_len)
+            self._hits[rid] = self._b.cached(ids)
         return self._hits[rid]
 
     def admission_need(self, req: Any) -> int:
@@ -270,7 +294,7 @@ class SglangView:
         ids = self._t.agent_prefixes.get(agent)
         if not ids:
             return 0.0
-        if self._b.match(ids).device_prefix_len >= len(ids):
+        if self._b.cached(ids) >= len(ids):
             return 0.0
         return self._t.estimator.prefill_s(len(ids))
 
@@ -280,7 +304,7 @@ class SglangView:
         for r in self.running:
             users[r.agent] = users.get(r.agent, 0) + 1
         for agent, ids in sorted(self._t.agent_prefixes.items()):
-            on_gpu = self._b.match(ids).device_prefix_len >= len(ids)
+            on_gpu = self._b.cached(ids) >= len(ids)
             where = PrefixLocation.GPU if on_gpu else PrefixLocation.NONE
             kept = agent in self._b.pins
             out.append(
@@ -350,10 +374,18 @@ class TopasSchedulePolicy(SchedulePolicy):  # type: ignore[misc]
         self.bridge.decide(waiting_queue, running)
 
 
-def make_scheduler_class(policy_factory: Callable[[], Policy], estimator_factory: Any) -> type:
+def make_scheduler_class(
+    policy_factory: Callable[[], Policy],
+    estimator_factory: Any,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    unix_clock: Callable[[], float] = time.time,
+    on_decision: DecisionHook | None = None,
+) -> type:
     """The `Scheduler` subclass the plugin installs (SGLang builds it in each scheduler process).
 
-    `policy_factory()` and `estimator_factory()` are called once per scheduler process.
+    `policy_factory()` and `estimator_factory()` are called once per scheduler process. The
+    clocks are the server's (the reference engine passes its virtual clock for both).
     """
     from sglang.srt.managers.scheduler import Scheduler  # type: ignore[import-not-found]
 
@@ -362,8 +394,9 @@ def make_scheduler_class(policy_factory: Callable[[], Policy], estimator_factory
             super().init_schedule_policy()
             self.topas = Bridge(
                 policy_factory(), self.tree_cache, self.token_to_kv_pool_allocator,
-                estimator_factory(),
+                estimator_factory(), clock=clock, unix_clock=unix_clock, on_decision=on_decision,
             )  # fmt: skip
+            self._topas_batch_start = 0.0
             self.policy = TopasSchedulePolicy(
                 self.schedule_policy, self.tree_cache, self.enable_hierarchical_cache,
                 self.enable_priority_scheduling, self.schedule_low_priority_values_first,
@@ -380,6 +413,26 @@ def make_scheduler_class(policy_factory: Callable[[], Policy], estimator_factory
         def get_prefill_adder_class(self) -> Any:
             self.topas.new_token_ratio = self.new_token_ratio_tracker.current
             return functools.partial(TopasPrefillAdder, bridge=self.topas)
+
+        def _get_new_batch_prefill_raw(self, *args: Any, **kwargs: Any) -> Any:
+            # The one door for acting while the batch is full (`Policy.acts_while_full`): clear
+            # the latch before every prefill attempt, as SGLang does with
+            # `enable_priority_preemption`; the simulator opens the same door.
+            running = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
+            if self.topas.policy.acts_while_full and running is not None:
+                running.batch_is_full = False
+            return super()._get_new_batch_prefill_raw(*args, **kwargs)
+
+        def run_batch(self, batch: ScheduleBatch, *args: Any, **kwargs: Any) -> Any:
+            self._topas_batch_start = clock()
+            return super().run_batch(batch, *args, **kwargs)
+
+        def process_batch_result(self, batch: ScheduleBatch, result: Any) -> Any:
+            out = super().process_batch_result(batch, result)
+            if batch.forward_mode.is_decode():
+                # The estimator's time per output token, from the server's own decode steps.
+                self.topas.tracker.estimator.observe_decode(clock() - self._topas_batch_start, 1)
+            return out
 
         def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
             if self.topas.pins and not batch.is_empty() and not batch.check_decode_mem():

@@ -28,6 +28,7 @@ import pandas as pd
 
 from topas_bench.errors import TopasError
 from topas_bench.results import RunIdentity, is_finished, write_run
+from topas_bench.runners.engines import engine_version
 from topas_bench.runners.sglang.client import (
     ClientConfig,
     RequestRecord,
@@ -54,7 +55,7 @@ from topas_bench.runners.sim.records import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from topas_bench.experiment import CellResult, RunPlan
+    from topas_bench.plan import CellResult, RunPlan
 
 JOURNAL = "partial.jsonl"
 SERVER_LOG = "server.log"
@@ -110,7 +111,7 @@ def options(
         raise TopasError(f"--model {model!r}: no such model directory")
     if model is not None and endpoint is None:  # we start the servers
         check_server_python(server_python or sys.executable, "--server-python")
-    return dataclasses.replace(plan, sglang=opts)
+    return dataclasses.replace(plan, sglang=opts, engine="sglang")
 
 
 def identity(plan: RunPlan, scheduler: str, opts: SglangOptions) -> RunIdentity:
@@ -121,6 +122,7 @@ def identity(plan: RunPlan, scheduler: str, opts: SglangOptions) -> RunIdentity:
         workload=plan.workload_name, num_tasks=plan.num_tasks, rate_per_s=plan.rate_per_s,
         seed=plan.seed, scheduler=scheduler, preset=plan.preset.name,
         kv_budget_tokens=0 if plan.kv_budget_derived else plan.kv_budget_tokens, engine="sglang",
+        engine_version=engine_version("sglang"),
         workload_params=dict(plan.workload_params),
         scheduler_params=dict(plan.scheduler_params.get(scheduler, {})),
         engine_params=engine_params,
@@ -130,13 +132,13 @@ def identity(plan: RunPlan, scheduler: str, opts: SglangOptions) -> RunIdentity:
 def run_cell(
     plan: RunPlan,
     scheduler: str,
-    opts: SglangOptions,
     *,
     force: bool = False,
     on_task_done: Callable[[int], None] | None = None,
 ) -> CellResult:
-    from topas_bench.experiment import stored_cell, workload_digest
+    from topas_bench.plan import stored_cell, workload_digest
 
+    opts: SglangOptions = plan.sglang
     ident = identity(plan, scheduler, opts)
     run_dir = ident.run_dir(plan.out)
     digest = workload_digest(plan.workload)
@@ -257,7 +259,7 @@ def _finish(
     attempted: int,
 ) -> CellResult:  # fmt: skip
     from topas_bench.analysis.metrics import RunTables, summarize
-    from topas_bench.experiment import CellResult
+    from topas_bench.plan import CellResult
 
     ok_rows = [task[:-1] for task, _ in done.values() if task[-1]]
     req_rows = [tuple(r) for _, reqs in done.values() for r in reqs]

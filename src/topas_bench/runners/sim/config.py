@@ -20,6 +20,10 @@ class SimConfig:
         8192 on large GPUs); at most one request is mid-chunk at a time.
     max_prefill_tokens: prefill tokens per batch (`--max-prefill-tokens`, 16384).
     max_running_requests: cap on the decode batch (`--max-running-requests`).
+    context_length: the model's context window (`--context-length`; Qwen2.5-32B-Instruct's
+        32,768). With the KV budget it bounds a request (`TpModelWorker.get_worker_info`:
+        `max_req_len = min(context_length - 1, kv_budget_tokens - 1)`): a longer prompt is
+        refused and `max_new_tokens` is clipped to fit (`Scheduler.init_req_max_new_tokens`).
     host_tier_tokens: host (CPU) KV capacity for evicted prefixes; 0 disables the tier.
     clip_max_new_tokens: `SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION` (4096), the most output tokens
         admission reserves for one request.
@@ -43,6 +47,7 @@ class SimConfig:
     chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384
     max_running_requests: int = 1024
+    context_length: int = 32768
     host_tier_tokens: int = 0
     clip_max_new_tokens: int = 4096
     init_new_token_ratio: float = 0.7
@@ -60,6 +65,7 @@ class SimConfig:
             "chunked_prefill_size",
             "max_prefill_tokens",
             "max_running_requests",
+            "context_length",
             "clip_max_new_tokens",
             "new_token_ratio_decay_steps",
             "decision_interval_steps",

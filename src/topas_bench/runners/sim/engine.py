@@ -395,9 +395,9 @@ class Simulator:
             # the LRU order would reach a node on one of their matched paths.
             headroom = max(self.free_tokens + self._evictable_off_paths(k * b), b)
             k = min(k, headroom // b)
-            if self.policy.reorders_during_decode or self.policy.acts_while_blocked:
+            if self.policy.reorders_during_decode or self.policy.acts_while_full:
                 floor = self._blocked_floor()
-                if floor is None or self.policy.acts_while_blocked:
+                if floor is None or self.policy.acts_while_full:
                     k = min(k, self.cfg.decision_interval_steps)
                 if floor is not None:
                     k = min(k, self._steps_until_fit(floor, k))

@@ -51,7 +51,7 @@ class Topas(Policy):
 
     name = "topas"
     reorders_during_decode = True
-    acts_while_blocked = True
+    acts_while_full = True
     defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **params: Any) -> None:
