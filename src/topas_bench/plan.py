@@ -22,7 +22,7 @@ from topas_bench.workloads.model import Workload
 #: SimConfig fields that enter a run's identity when they differ from their defaults.
 ENGINE_PARAM_FIELDS = (
     "host_tier_tokens", "length_hint", "chunked_prefill_size", "max_prefill_tokens",
-    "decision_interval_steps", "max_running_requests", "context_length",
+    "max_running_requests", "context_length",
 )  # fmt: skip
 
 

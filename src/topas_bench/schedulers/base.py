@@ -258,15 +258,18 @@ def require_bool(policy: str, name: str, value: object) -> bool:
 class Policy(ABC):
     """A scheduling policy. One instance per run, so state never leaks across runs.
 
-    `reorders_during_decode` says whether the policy's ranking can change while the engine only
-    decodes (e.g. it depends on attained service). If False the simulator may skip consulting
-    it across a run of decode steps in which nothing else happens; if True it consults the
-    policy at least every `SimConfig.decision_interval_steps` decode steps in which some waiting
-    request could be admitted (while none could, no ranking would change the outcome).
+    An engine consults it where SGLang's scheduler would: at every prefill attempt with requests
+    waiting (`Scheduler._get_new_batch_prefill_raw`, after `SchedulePolicy.calc_priority`). The
+    engine then admits in the order the decision gives, stopping at the first request the
+    decision does not admit.
     """
 
     name: ClassVar[str] = ""
-    reorders_during_decode: ClassVar[bool] = True
+    #: SGLang's own `--schedule-policy` whose queue bookkeeping runs before this policy decides
+    #: (`SchedulePolicy.calc_priority`: `lpm` matches every waiting request, refreshing their
+    #: prefixes' LRU time; `fcfs` refreshes the first 128 every 32nd call). Policies served
+    #: through the plugin run on a server started with `fcfs`.
+    sglang_policy: ClassVar[str] = "fcfs"
     #: The one door for acting while the batch is full. SGLang stops trying to admit once a
     #: prefill attempt finds the batch full (`ScheduleBatch.batch_is_full`, cleared only when a
     #: running request leaves), so a policy is normally not consulted until then. True opens
@@ -291,9 +294,10 @@ class Policy(ABC):
         """Running requests, the first to retract first when decode runs out of memory.
 
         SGLang's default (`ScheduleBatch._get_decode_retraction_order`, 0.5.23): fewest output
-        tokens first, then longest input.
+        tokens first, then longest input; among equals, the latest in the batch first (SGLang
+        sorts the batch's indices stably in reverse and pops from the end).
         """
-        return sorted(view.running, key=lambda r: (r.generated, -r.prompt_tokens, -r.rid))
+        return sorted(reversed(view.running), key=lambda r: (r.generated, -r.prompt_tokens))
 
 
 class OrderingPolicy(Policy):

@@ -1,17 +1,18 @@
-"""`fcfs`: SGLang's default policy, the waiting queue in the order requests entered it."""
+"""`fcfs`: SGLang's default policy, the waiting queue in the order requests entered it.
+
+SGLang's FCFS does not sort (`SchedulePolicy.calc_priority`): new, retracted and preempted
+requests are appended to the queue, which is served in that order.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from topas_bench.schedulers.base import EngineView, OrderingPolicy, RequestView
+from topas_bench.schedulers.base import Decision, EngineView, Policy
 
 
-class FCFS(OrderingPolicy):
-    """First come, first served by queue entry (SGLang appends retracted requests at the end)."""
+class FCFS(Policy):
+    """First come, first served: the queue as it stands (SGLang appends requests it requeues)."""
 
     name = "fcfs"
-    reorders_during_decode = False
 
-    def sort_key(self, req: RequestView, view: EngineView) -> tuple[Any, ...]:
-        return (req.queued_s, req.rid)
+    def decide(self, view: EngineView) -> Decision:
+        return Decision(admit=list(view.waiting))

@@ -1,28 +1,33 @@
 """`lpm`: SGLang's longest-prefix-match policy, with its quirks.
 
 Mirrors SGLang 0.5.23 `SchedulePolicy` (`managers/schedule_policy.py`):
-- `_sort_by_longest_prefix`: waiting requests by matched prefix length, longest first; ties keep
-  queue order (FCFS).
+- `_sort_by_longest_prefix`: a stable sort of the waiting queue as it stands by matched prefix
+  length (at most the request's length minus one, `Req._compute_max_prefix_len`), longest first;
+  ties keep their queue order, whatever earlier sorts left it as.
 - `_determine_active_policy`: with more than `WAITING_QUEUE_PREFIX_MATCH_MAX` (128) waiting
-  requests, prefix matching is skipped and the queue is served FCFS.
+  requests, prefix matching is skipped and the queue keeps its current order.
 - `_compute_prefix_matches` (in-batch prefix caching): a request whose own cache hit is at most
   `IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD` (32) tokens but which shares at least
-  `IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD` (32) tokens with a request ahead of it in the
-  queue is deprioritised for this round, so a shared prefix is computed once, then reused.
+  `IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD` (32) tokens with an earlier such request in
+  the queue is deprioritised for this round (sorted last), so a shared prefix is computed once,
+  then reused. Shared tokens are counted token-exactly (`workloads.pieces`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView, require_int
+from topas_bench.workloads.pieces import Piece, common, fill_pieces, length
+
+DEFAULTS = {"fallback_above": 128, "in_batch_check_tokens": 32, "in_batch_deprioritize_tokens": 32}
 
 
 class LPM(Policy):
-    """SGLang's longest prefix match (FCFS above 128 waiting, in-batch deprioritisation)."""
+    """SGLang's longest prefix match (queue order above 128 waiting, in-batch deprioritisation)."""
 
     name = "lpm"
-    reorders_during_decode = False
+    sglang_policy: ClassVar[str] = "lpm"
 
     def __init__(
         self,
@@ -36,6 +41,10 @@ class LPM(Policy):
         self.fallback_above = fallback_above
         self.check = in_batch_check_tokens
         self.deprioritize = in_batch_deprioritize_tokens
+        if self.params != DEFAULTS:
+            # SGLang's constants cannot express other thresholds: the plugin serves this
+            # policy on a server started with `fcfs`, whose queue bookkeeping then applies.
+            self.sglang_policy = "fcfs"  # type: ignore[misc]
 
     @property
     def params(self) -> dict[str, Any]:
@@ -46,33 +55,29 @@ class LPM(Policy):
         }
 
     def decide(self, view: EngineView) -> Decision:
-        queue = sorted(view.waiting, key=lambda r: (r.queued_s, r.rid))
+        queue = list(view.waiting)
         if self.fallback_above and len(queue) > self.fallback_above:
             return Decision(admit=queue)
         hits = {r.rid: view.cached_tokens(r) for r in queue}
         demoted = self._in_batch_demotions(queue, hits)
-        # Demoted requests all sort last in queue order (SGLang keys them float("inf")).
-        return Decision(
-            admit=sorted(queue, key=lambda r: float("inf") if r.rid in demoted else -hits[r.rid])
-        )
+
+        def key(r: RequestView) -> float:
+            if r.rid in demoted:
+                return float("inf")
+            return -min(hits[r.rid], r.prompt_tokens + r.generated - 1)
+
+        return Decision(admit=sorted(queue, key=key))
 
     def _in_batch_demotions(self, queue: list[RequestView], hits: dict[int, int]) -> set[int]:
-        trie: dict[str, Any] = {}
+        seen: list[list[Piece]] = []
         demoted: set[int] = set()
         for r in queue:
             if hits[r.rid] > self.check:
                 continue
-            node, shared = trie, 0
-            for seg in r.prompt:
-                nxt = node.get(seg.key)
-                if nxt is None:
-                    break
-                shared += seg.tokens
-                node = nxt
-            if shared >= self.deprioritize:
+            fill = fill_pieces(r.prompt, r.task_id, r.stage_id, r.generated)
+            n = length(fill)
+            if any(common(fill, other, n) >= self.deprioritize for other in seen):
                 demoted.add(r.rid)
-                continue
-            node = trie
-            for seg in r.prompt:
-                node = node.setdefault(seg.key, {})
+            else:
+                seen.append(fill)
         return demoted

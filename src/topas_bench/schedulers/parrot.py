@@ -16,7 +16,6 @@ class ParrotFCFS(OrderingPolicy):
     """Parrot-style application FCFS: requests ranked by their task's arrival."""
 
     name = "parrot"
-    reorders_during_decode = False
 
     def sort_key(self, req: RequestView, view: EngineView) -> tuple[Any, ...]:
         task = view.tasks[req.task_id]

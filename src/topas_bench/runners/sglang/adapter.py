@@ -116,7 +116,7 @@ class Bridge:
         wall_s = time.perf_counter() - t0
         self.decision_wall_s += wall_s
         self.decisions += 1
-        if self.on_decision is not None:
+        if self.on_decision is not None and waiting_queue:
             self.on_decision(wall_s, len(waiting_queue), decision)
         if self.decisions % STATUS_EVERY == 0:
             logger.info(
@@ -421,7 +421,13 @@ def make_scheduler_class(
             running = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
             if self.topas.policy.acts_while_full and running is not None:
                 running.batch_is_full = False
+            # The policy's view reserves decode headroom at the ratio this pass admits with.
+            self.topas.new_token_ratio = self.new_token_ratio_tracker.current
             return super()._get_new_batch_prefill_raw(*args, **kwargs)
+
+        def _add_request_to_queue(self, req: Req, is_retracted: bool = False) -> Any:
+            self.topas.tracker.requeued(req)  # a retraction or a preemption, if it ran
+            return super()._add_request_to_queue(req, is_retracted=is_retracted)
 
         def run_batch(self, batch: ScheduleBatch, *args: Any, **kwargs: Any) -> Any:
             self._topas_batch_start = clock()
@@ -429,9 +435,14 @@ def make_scheduler_class(
 
         def process_batch_result(self, batch: ScheduleBatch, result: Any) -> Any:
             out = super().process_batch_result(batch, result)
+            seconds = clock() - self._topas_batch_start
+            tracker = self.topas.tracker
+            for req in batch.reqs:
+                tracker.served(req, seconds)
             if batch.forward_mode.is_decode():
                 # The estimator's time per output token, from the server's own decode steps.
-                self.topas.tracker.estimator.observe_decode(clock() - self._topas_batch_start, 1)
+                tracker.estimator.observe_decode(seconds, 1)
+            tracker.finished(batch.reqs)
             return out
 
         def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:

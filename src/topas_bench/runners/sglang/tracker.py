@@ -39,7 +39,6 @@ class TrackedRequest:
     """A request as a policy sees it (satisfies `RequestView`)."""
 
     __slots__ = (
-        "_running_since",
         "admitted_s",
         "engine",
         "first_admitted_s",
@@ -61,8 +60,7 @@ class TrackedRequest:
         self.admitted_s: float | None = None
         self.first_admitted_s: float | None = None
         self.preemptions = 0
-        self.served_s = 0.0
-        self._running_since: float | None = None
+        self.served_s = 0.0  # seconds of the batches it was in (`Tracker.served`)
         self.state = StageState.WAITING
 
     @property
@@ -101,21 +99,13 @@ class TrackedRequest:
     def service_s(self) -> float:
         return self.served_s
 
-    def service_at(self, now_s: float) -> float:
-        extra = now_s - self._running_since if self._running_since is not None else 0.0
-        return self.served_s + extra
-
     def start(self, now_s: float) -> None:
         self.state = StageState.RUNNING
         self.admitted_s = now_s
         if self.first_admitted_s is None:
             self.first_admitted_s = now_s
-        self._running_since = now_s
 
     def stop(self, now_s: float, state: StageState) -> None:
-        if self._running_since is not None:
-            self.served_s += now_s - self._running_since
-            self._running_since = None
         self.state = state
         if state == StageState.WAITING:
             self.preemptions += 1
@@ -296,12 +286,34 @@ class Tracker:
                 self._set(tr, StageState.RUNNING)
         self._expire(now)
 
-    def _stop(self, tr: TrackedRequest, now: float, state: StageState) -> None:
-        before = tr.served_s
-        tr.stop(now, state)
+    def served(self, req: EngineReq, seconds: float) -> None:
+        """`req` was in a batch (prefill or decode) that took `seconds`: attained service."""
+        tr = self.requests.get(req.rid)
+        if tr is None:
+            return
+        tr.served_s += seconds
         task = self.tasks.get(tr.task_id)
         if task is not None:
-            task.attained_s += tr.served_s - before
+            task.attained_s += seconds
+
+    def requeued(self, req: EngineReq) -> None:
+        """The engine sent a running request back to its waiting queue (retracted or
+        preempted), now."""
+        tr = self.requests.get(req.rid)
+        if tr is not None and tr.state == StageState.RUNNING:
+            self._stop(tr, self.clock(), StageState.WAITING)
+
+    def finished(self, reqs: Sequence[EngineReq]) -> None:
+        """Requests of a batch whose results were just processed: the finished ones leave,
+        in batch order, feeding the estimator as they go."""
+        now = self.clock()
+        for r in reqs:
+            tr = self.requests.get(r.rid)
+            if tr is not None and r.finished():
+                self._finish(r.rid, tr, now)
+
+    def _stop(self, tr: TrackedRequest, now: float, state: StageState) -> None:
+        tr.stop(now, state)
         self._set(tr, state)
 
     def _set(self, tr: TrackedRequest, state: StageState) -> None:

@@ -12,8 +12,8 @@ Everything else runs unmodified: `SchedulePolicy`, `PrefillAdder`, chunked prefi
 `new_token_ratio`, result processing and SGLang's own KV leak checks.
 
 The scripted worker emits, for each request, the token ids of its output segment
-(`tokens.TokenIds`), ending with EOS at the scripted length unless the request has
-`ignore_eos` (then the `max_new_tokens` cap, equal to the scripted length, ends it).
+(`tokens.TokenIds`), its last one replaced by EOS unless the request has `ignore_eos` (then the
+`max_new_tokens` cap, equal to the scripted length, ends it).
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ class ScriptedWorker:
         for req in batch.reqs:
             script = self.script[req.rid]
             n = len(req.output_ids)
-            ids.append(script[n] if n < len(script) else EOS)
+            last = n >= len(script) - 1
+            # The scripted length ends by EOS unless the request ends by its length cap.
+            ids.append(EOS if last and not req.sampling_params.ignore_eos else script[n])
         return GenerationBatchResult(
             logits_output=None,
             next_token_ids=torch.tensor(ids, dtype=torch.int64),

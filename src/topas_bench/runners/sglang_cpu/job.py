@@ -16,15 +16,14 @@ NATIVE = {"fcfs": "fcfs", "lpm": "lpm"}
 
 
 def native_policy(scheduler: str, params: dict[str, Any]) -> str | None:
-    """SGLang's own policy name for `scheduler`, or None when it runs through the plugin."""
+    """SGLang's own policy name for `scheduler`, or None when it runs through the plugin (a
+    policy SGLang lacks, or SGLang's with thresholds its constants cannot express)."""
+    from topas_bench.schedulers.registry import make_policy
+
     if scheduler not in NATIVE:
         return None
-    if scheduler == "lpm":
-        from topas_bench.schedulers.lpm import LPM
-
-        if LPM(**params).params != LPM().params:
-            return None  # non-default thresholds: SGLang's constants cannot express them
-    return NATIVE[scheduler]
+    policy = make_policy(scheduler, **params)
+    return NATIVE[scheduler] if policy.sglang_policy == NATIVE[scheduler] else None
 
 
 @dataclass(frozen=True)

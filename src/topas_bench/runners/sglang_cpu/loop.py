@@ -135,7 +135,7 @@ class ReferenceLoop:
         out = []
         now = self.clock.now
         while self._heap and self._heap[0][0] <= now:
-            _, _, kind, payload = heapq.heappop(self._heap)
+            t, _, kind, payload = heapq.heappop(self._heap)
             if kind == ARRIVE:
                 ts = TaskState(payload)
                 for st in payload.stages:
@@ -143,7 +143,7 @@ class ReferenceLoop:
                         self._push(payload.arrival_s + st.delay_s, READY, (ts, st.id))
             else:
                 ts, stage_id = payload
-                call = Call(next(self._calls_seq), ts, stage_id, now)
+                call = Call(next(self._calls_seq), ts, stage_id, t)
                 self.calls[call.rid] = call
                 self.script[call.rid] = self.tokens.segment(
                     output_key(ts.task.id, stage_id), call.output_tokens
@@ -197,9 +197,9 @@ class ReferenceLoop:
             s.running_batch = plan.running_batch
             batch = plan.batch_to_run
             if batch is None:
-                s.last_batch = None
                 s._sched_idled = True
-                s.on_idle()
+                s.on_idle()  # before `last_batch` is cleared, as `event_loop_normal` orders it
+                s.last_batch = None
                 if not self._heap:
                     raise RuntimeError(
                         f"SGLang's scheduler is idle with {len(s.waiting_queue)} waiting "

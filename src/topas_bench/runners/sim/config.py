@@ -33,10 +33,6 @@ class SimConfig:
         `max_new_tokens` that admission holds back, decaying each decode step.
     retract_decode_steps: `SGLANG_RETRACT_DECODE_STEPS` (20), used to re-estimate the ratio
         after a retraction.
-    decision_interval_steps: for policies whose ranking changes during decode
-        (`Policy.reorders_during_decode`), the most decode steps the simulator runs in closed
-        form before consulting the policy again while requests wait. SGLang consults its policy
-        every iteration; 1 reproduces that exactly at a higher simulation cost.
     length_hint: "oracle" lets policies see true output lengths.
     record_timeline: keep the per-iteration timeline (batch, KV use, residency).
     check_invariants: re-derive the memory accounting from scratch after every event and fail
@@ -54,7 +50,6 @@ class SimConfig:
     min_new_token_ratio_factor: float = 0.14
     new_token_ratio_decay_steps: int = 600
     retract_decode_steps: int = 20
-    decision_interval_steps: int = 8
     length_hint: LengthHint = "none"
     record_timeline: bool = True
     check_invariants: bool = False
@@ -68,7 +63,6 @@ class SimConfig:
             "context_length",
             "clip_max_new_tokens",
             "new_token_ratio_decay_steps",
-            "decision_interval_steps",
         ):
             if getattr(self, name) < 1:
                 raise TopasError(f"{name} must be a positive integer, got {getattr(self, name)}")

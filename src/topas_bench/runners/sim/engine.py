@@ -1,28 +1,44 @@
-"""The discrete-event simulator of one SGLang server (DESIGN section 4).
+"""The discrete-event simulator of one SGLang server (DESIGN section 4), mirroring SGLang 0.5.23.
 
 Events live in a heap of `(time, seq, kind, payload)`; `seq` is per simulator, so runs are
 deterministic and nothing leaks between runs. Kinds: a task arrives, a stage's request is sent
 (after its dependencies and the client's delay), an engine iteration ends.
 
-Each iteration mirrors SGLang's `Scheduler.get_next_batch_to_run` (0.5.23): if a prefill batch
-can be formed it runs (prefill has priority; no mixed chunks), else the running batch decodes
-one token per request, retracting requests first when the next step does not fit. Runs of
-decode-only iterations in which nothing else can change are advanced in closed form, as one
-event: up to the first finish, the next external event, the step at which the policy's
-first-choice waiting request would fit, the first eviction while requests wait, or (for
-policies whose ranking moves during decode) `decision_interval_steps`.
+Each iteration is `Scheduler.get_next_batch_to_run` (non-overlap loop, page size 1):
+1. A prefill attempt (`_get_new_batch_prefill_raw`) unless the `batch_is_full` latch is set (or
+   the queue is empty) and no chunked request is in flight. The latch is set when an attempt
+   runs out of memory (NO_TOKEN) or request slots, and cleared only when a request leaves the
+   running batch (it finishes, is retracted or preempted, a chunked prefill batch ends) or the
+   batch is empty; arrivals do not clear it. A policy with `acts_while_full` clears it before
+   every attempt (SGLang's `enable_priority_preemption` door). An attempt runs the queue's
+   prefix bookkeeping (`SchedulePolicy.calc_priority`: LPM matches every waiting request, the
+   cache-agnostic policies refresh the first 128 every 32nd call), asks the policy, then admits
+   in queue order through `PrefillAdder` (`admission.py`), matching each candidate first.
+2. Else one decode step for the running batch (`update_running_batch`): retract when the step
+   does not fit (`retract_decode`), else decay `new_token_ratio`.
+Decode steps in which nothing else can happen are advanced in closed form, as one event: while
+the latch is set (or nothing waits) up to the first finish, the next client event (unless
+latched) and the memory headroom. Whenever SGLang would attempt a prefill, the simulator does
+too, one iteration at a time, so a policy is consulted exactly where a real server consults it.
+
+KV bookkeeping is SGLang's: a batch allocates its extend tokens when it forms; a prefill's
+tokens join the radix tree when it ends (`checkpoint_kv_cache`), the request's lock moving to
+them; a decode step allocates one token per request for the last token's KV; a finished request
+inserts its prompt and all outputs but the last (`release_kv_cache`), a retracted or preempted
+one frees its private KV and releases its lock without inserting, then evicts enough cache to
+leave `remaining requests * retract_decode_steps` tokens free (`release_req`).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from topas_bench.errors import TopasError
 from topas_bench.runners.sim.admission import AddResult, PrefillAdder, running_offset
@@ -35,8 +51,12 @@ from topas_bench.runners.sim.view import SimView
 from topas_bench.schedulers.base import Decision, Policy, StageState
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import Task, Workload, agent_key
+from topas_bench.workloads.pieces import Piece, take
 
 ARRIVE, READY, ITER = 0, 1, 2
+#: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX` and `WAITING_PREFIX_REFRESH_INTERVAL`.
+PREFIX_MATCH_MAX = 128
+PREFIX_REFRESH_INTERVAL = 32
 
 
 class SimulationError(TopasError):
@@ -60,14 +80,21 @@ class Simulator:
         self.cfg = config
         self.cache = RadixCache(config.host_tier_tokens)
         self.private_tokens = 0
-        self.waiting: list[SimRequest] = []
-        self.running: list[SimRequest] = []
+        self.waiting: list[SimRequest] = []  # SGLang's waiting_queue, in its order
+        self.running: list[SimRequest] = []  # the running (decode) batch, in its order
         self.chunked: SimRequest | None = None
-        self.prefilling: list[SimRequest] = []  # the in-flight prefill batch (incl. chunked)
+        self.prefilling: list[SimRequest] = []  # the in-flight prefill batch
+        self.batch_is_full = False
         self.ratio = config.init_new_token_ratio
+        self.pins: dict[str, Node] = {}  # agent -> its locked prefix node (kept prefixes)
+        self.inbox: list[SimRequest] = []  # sent while the server was busy: not received yet
+        self.agents_seen: set[str] = set()  # agents of the requests received so far
+        self._ends: npt.NDArray[np.float64] | None = None  # step ends of the iteration run
         self.now = 0.0
         self.tasks: dict[str, TaskRun] = {}
         self.prefix_tokens = {a.name: a.prefix_tokens for a in workload.agents}
+        #: `TpModelWorker.get_worker_info`: the longest request the server accepts.
+        self.max_req_len = min(config.context_length - 1, config.kv_budget_tokens - 1)
         truths = {(t.id, s.id): s.output_tokens for t, s in workload.stages()}
         self.estimator = ServiceEstimator(
             cost,
@@ -79,8 +106,7 @@ class Simulator:
         self._rids = itertools.count()
         self._enqueues = itertools.count()
         self._busy = False
-        self._deficit: float | None = None
-        self._pins_off = False  # set while the idle-server liveness retry runs
+        self._refresh_calls = 0
         self._on_task_done = on_task_done
         self._done_tasks = 0
 
@@ -88,15 +114,6 @@ class Simulator:
     @property
     def free_tokens(self) -> int:
         return self.cfg.kv_budget_tokens - self.cache.gpu_tokens - self.private_tokens
-
-    def match_of(self, req: SimRequest) -> Match:
-        """`req`'s prefix match, memoised until the cache's GPU contents change."""
-        memo = req.match_memo
-        if memo is not None and memo[0] == self.cache.version:
-            return memo[1]
-        m = self.cache.match(req.prompt)
-        req.match_memo = (self.cache.version, m)
-        return m
 
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
@@ -114,7 +131,7 @@ class Simulator:
                 else:
                     self._iteration_done(*payload)
             if not self._busy:
-                self._start_iteration()
+                self._step()
             if self.cfg.check_invariants:
                 self.check_invariants()
         if self._done_tasks != len(self.workload.tasks):
@@ -127,13 +144,15 @@ class Simulator:
     def check_invariants(self) -> None:
         """Re-derive KV accounting and lock counts from scratch; raise on any mismatch."""
         live = list({id(r): r for r in [*self.running, *self.prefilling]}.values())
+        if self.chunked is not None and self.chunked not in live:
+            live.append(self.chunked)
         held = sum(r.private_tokens for r in live)
         if held != self.private_tokens:
             raise SimulationError(f"private KV {self.private_tokens} != held by requests {held}")
         if self.free_tokens < 0:
             raise SimulationError(f"KV budget exceeded by {-self.free_tokens} tokens")
         locks: dict[int, int] = {}
-        for node in [*(r.lock_node for r in live), *self.cache.kept.values()]:
+        for node in [*(r.lock_node for r in live), *self.pins.values()]:
             n = node
             while n is not None and n is not self.cache.root:
                 locks[id(n)] = locks.get(id(n), 0) + 1
@@ -141,21 +160,21 @@ class Simulator:
         gpu = evictable = 0
         for n in self.cache.nodes():
             if n.lock != locks.get(id(n), 0):
-                raise SimulationError(f"node {n.key}: lock {n.lock} != {locks.get(id(n), 0)}")
+                raise SimulationError(f"node {n.edge[:1]}: lock {n.lock} != {locks.get(id(n), 0)}")
             if n.on_gpu:
                 gpu += n.tokens
                 evictable += n.tokens if n.lock == 0 else 0
                 if n.parent is not None and not n.parent.on_gpu:
-                    raise SimulationError(f"GPU node {n.key} under a non-GPU parent")
+                    raise SimulationError(f"GPU node {n.edge[:1]} under a non-GPU parent")
             elif n.lock:
-                raise SimulationError(f"locked node {n.key} is not on the GPU")
+                raise SimulationError(f"locked node {n.edge[:1]} is not on the GPU")
         if (gpu, evictable) != (self.cache.gpu_tokens, self.cache.evictable_tokens):
             raise SimulationError(
                 f"cache says {self.cache.gpu_tokens} GPU / {self.cache.evictable_tokens} "
                 f"evictable, tree holds {gpu} / {evictable}"
             )
 
-    # -- events -----------------------------------------------------------------------------
+    # -- the client ---------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
@@ -169,130 +188,175 @@ class Simulator:
     def _send(self, payload: tuple[TaskRun, str]) -> None:
         run, stage_id = payload
         st = run.stages[stage_id]
-        req = SimRequest(next(self._rids), run, st.stage, self.now)
+        # `Scheduler.init_req_max_new_tokens`: the server clips the client's cap to fit.
+        max_new = max(0, min(st.stage.max_new_tokens, self.max_req_len - st.prompt_tokens - 1))
+        req = SimRequest(next(self._rids), run, st.stage, self.now, max_new)
         st.request = req
-        self._enqueue(req)
+        self.inbox.append(req)
 
-    def _enqueue(self, req: SimRequest) -> None:
-        req.queued_s = self.now
+    def _receive(self) -> None:
+        """`process_input_requests` at the top of an iteration: requests sent during the last
+        one join the queue as of the step boundary that first followed them."""
+        ends = self._ends
+        for req in self.inbox:
+            t = self.now
+            if ends is not None and req.sent_s < self.now:
+                t = float(ends[int(ends.searchsorted(req.sent_s, side="left"))])
+            req.ready_s = t
+            self.agents_seen.add(req.agent)
+            self._enqueue(req, t)
+        self.inbox = []
+
+    def _enqueue(self, req: SimRequest, at_s: float | None = None) -> None:
+        """`_add_request_to_queue`: new, retracted and preempted requests join at the end."""
+        req.queued_s = self.now if at_s is None else at_s
         req.enqueue_seq = next(self._enqueues)
         req.task.set_state(req.stage_id, StageState.WAITING)
         self.waiting.append(req)
 
-    # -- iterations -------------------------------------------------------------------------
-    def _start_iteration(self) -> None:
-        batch = self._form_prefill()
-        if batch is not None:
-            items = [(a.cached_before, a.new_tokens) for a in batch.batch]
-            load = sum(a.match.host_tokens for a in batch.batch if a.match is not None)
-            dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
-            new = sum(a.new_tokens for a in batch.batch)
-            self.rec.iteration(self, "prefill", dur, 1, len(batch.batch), new)
-            self.prefilling = [a.req for a in batch.batch]
-            self._begin(dur, ("prefill", batch, dur))
+    # -- one iteration ------------------------------------------------------------------------
+    def _step(self) -> None:
+        self._receive()
+        adder = self._prefill_attempt()
+        if adder is not None:
+            self._start_prefill(adder)
             return
         if self.running:
-            self._retract_if_needed()
-            steps, dur = self._plan_decode()
-            b = len(self.running)
-            self.rec.iteration(self, "decode", dur, steps, b, b * steps)
-            self._begin(dur, ("decode", steps, dur))
+            self._start_decode()
             return
-        if self.waiting:
-            if self.cache.kept:  # liveness: pinned prefixes may not starve an idle server
-                self.cache.set_kept(frozenset())
-                # Retry without pins: re-applying the decision's pins would refuse the same
-                # admits again and recurse forever.
-                self._pins_off = True
-                try:
-                    self._start_iteration()
-                finally:
-                    self._pins_off = False
-                return
-            if not self._heap:
-                raise SimulationError(
-                    f"scheduler {self.policy.name!r} admitted nothing while the server was idle "
-                    f"and {len(self.waiting)} requests waited"
-                )
-        elif self.chunked is None:
-            # Idle: SGLang resets `new_token_ratio` (`NewTokenRatioTracker.reset`).
-            self.ratio = self.cfg.init_new_token_ratio
+        if self.waiting and not self._heap:
+            raise SimulationError(
+                f"scheduler {self.policy.name!r} admitted nothing while the server was idle "
+                f"and {len(self.waiting)} requests waited"
+            )
+        if not self.waiting and self.chunked is None:
+            self.ratio = self.cfg.init_new_token_ratio  # `on_idle`, fully idle: reset
 
-    def _begin(self, dur: float, payload: tuple[Any, ...]) -> None:
-        self._busy = True
-        self._push(self.now + dur, ITER, payload)
+    def _slots(self) -> int:
+        """`get_num_allocatable_reqs`: request slots left for new prefills."""
+        return self.cfg.max_running_requests - len(self.running)
 
-    def _decide(self) -> Decision:
+    def _prefill_attempt(self) -> PrefillAdder | None:
+        """`_get_new_batch_prefill_raw`: the admission pass, or None when none runs or it
+        admits nobody."""
+        if self.policy.acts_while_full or not self.running:
+            self.batch_is_full = False
+        if (self.batch_is_full or not self.waiting) and self.chunked is None:
+            return None
+        if self._slots() <= 0 and self.chunked is None:
+            self.batch_is_full = True
+            return None
+        decision = self._calc_priority()
+        adder = PrefillAdder(self.cache, lambda: self.free_tokens, self.running, self.ratio, self.cfg)
+        preempted = self._apply_preemptions(decision, adder)
+        still_chunked = self.chunked is not None and adder.add_chunked(self.chunked)
+        admit = None if decision is None else {r.rid for r in decision.admit}
+        for req in self.waiting:
+            if adder.budget_state() is AddResult.OTHER:
+                break
+            if len(adder.batch) >= self._slots():
+                self.batch_is_full = True
+                break
+            match = self._match(req.fill(), req.fill_tokens - 1)  # `init_next_round_input`
+            if admit is not None and req.rid not in admit:
+                res = AddResult.OTHER  # the plugin's adder: nobody past the policy's admits
+            else:
+                res = adder.add_one(req, match)
+                if res is AddResult.NO_TOKEN and self._liveness(adder):
+                    res = adder.add_one(req, self._match(req.fill(), req.fill_tokens - 1))
+            if adder.batch and adder.batch[-1].req is req:
+                self._admit(req, adder)
+            if res is not AddResult.CONTINUE:
+                if res is AddResult.NO_TOKEN:
+                    self.batch_is_full = bool(adder.batch) or bool(self.running)
+                break
+        if not adder.batch:
+            for req in preempted:
+                self._enqueue(req)
+            return None
+        admitted = {a.req.rid for a in adder.batch}
+        self.waiting = [r for r in self.waiting if r.rid not in admitted]
+        for req in preempted:
+            self._enqueue(req)
+        if not still_chunked:
+            self.chunked = adder.new_chunked
+        return adder
+
+    def _liveness(self, adder: PrefillAdder) -> bool:
+        """Kept prefixes may not starve an idle server: with nothing admitted or running,
+        release them and retry (as the plugin's adapter does)."""
+        if adder.batch or self.running or not self.pins:
+            return False
+        self._release_pins()
+        return True
+
+    def _calc_priority(self) -> Decision | None:
+        """`SchedulePolicy.calc_priority` on the waiting queue, then the policy's decision
+        (the plugin's `Bridge.decide`): its admits first, in its order, the rest after."""
+        if self.policy.sglang_policy == "lpm" and len(self.waiting) <= PREFIX_MATCH_MAX:
+            for r in self.waiting:  # `_compute_prefix_matches`
+                self._match(r.fill())
+        elif self.waiting:  # `_touch_waiting_prefixes`
+            refresh = self._refresh_calls % PREFIX_REFRESH_INTERVAL == 0
+            self._refresh_calls += 1
+            if refresh:
+                for r in reversed(self.waiting[:PREFIX_MATCH_MAX]):
+                    self._match(r.fill())
+        if not self.waiting:
+            return None
         view = SimView(self)
         t0 = time.perf_counter()
         decision = self.policy.decide(view)
         self.rec.decision(self.now, time.perf_counter() - t0, len(self.waiting), decision)
+        waiting = {r.rid: r for r in self.waiting}
+        first = [waiting.pop(r.rid) for r in map(self._own, decision.admit) if r.rid in waiting]
+        self.waiting = first + [r for r in self.waiting if r.rid in waiting]
+        if decision.keep_prefixes is not None:
+            self._keep(decision.keep_prefixes)
         return decision
 
-    def _form_prefill(self) -> PrefillAdder | None:
-        self._deficit = None
-        if not self.waiting and self.chunked is None:
-            return None
-        decision = self._decide() if self.waiting else Decision()
-        for req in decision.preempt:
-            self._preempt(self._own(req))
-        if decision.keep_prefixes is not None and not self._pins_off:
-            self._keep(decision.keep_prefixes)
-        adder = self._adder()
-        if self.chunked is not None:
-            adder.add_chunked(self.chunked)
-        waiting = {r.rid for r in self.waiting}
-        slots = self.cfg.max_running_requests - len(self.running)
-        for cand in decision.admit:
-            req = self._own(cand)
-            if req.rid not in waiting or req is self.chunked:
-                continue
-            if len(adder.batch) >= slots:
-                break
-            waiting.discard(req.rid)
-            res = adder.add_one(req)
-            if adder.batch and adder.batch[-1].req is req:
-                self._admit(req, adder)
-            if res is not AddResult.CONTINUE:
-                break
-        self._deficit = adder.deficit
-        if not adder.batch:
-            return None
-        self.chunked = adder.new_chunked
-        admitted = {a.req.rid for a in adder.batch}
-        self.waiting = [r for r in self.waiting if r.rid not in admitted]
-        self._allocate(sum(a.new_tokens for a in adder.batch))
-        for adm in adder.batch:
-            adm.req.private_tokens += adm.new_tokens
-            self.cache.touch(adm.req.lock_node or self.cache.root, self.now)
-        return adder
+    def _apply_preemptions(self, decision: Decision | None, adder: PrefillAdder) -> list[SimRequest]:
+        """The plugin's adder releases the policy's preemptions first (`preempt_to_schedule`)."""
+        if decision is None or not decision.preempt:
+            return []
+        rids = {self._own(r).rid for r in decision.preempt}
+        out = []
+        for req in list(self.running):
+            if req.rid in rids:
+                adder.release(req)
+                self._release(req, len(self.running) - 1)
+                out.append(req)
+        return out
 
     def _keep(self, agents: frozenset[str]) -> None:
-        """Pin the prefixes a policy keeps, as far as the admission budget allows: a pin may
-        not take memory that running requests have reserved (pins are applied in name order,
-        after releasing the ones no longer kept)."""
-        keys = frozenset(agent_key(a) for a in agents)
-        self.cache.set_kept(frozenset(k for k in self.cache.kept if k in keys))
-        room = self._adder().remaining_total
-        for key in sorted(keys - self.cache.kept.keys()):
-            node = self.cache.child(key)
-            if node is None or not node.on_gpu:
+        """The plugin's `Bridge.keep`: lock kept agents' prefixes, as far as the admission
+        budget allows (a pin may not take memory running requests reserved); unlock others."""
+        for agent in [a for a in self.pins if a not in agents]:
+            self.cache.unlock(self.pins.pop(agent))
+        clip = self.cfg.clip_max_new_tokens
+        room = self.free_tokens + self.cache.evictable_tokens
+        room -= sum(running_offset(r, self.ratio, clip) for r in self.running)
+        for agent in sorted(agents - self.pins.keys()):
+            tokens = self.prefix_tokens.get(agent, 0)
+            if not tokens:
                 continue
-            cost = node.tokens if node.lock == 0 else 0
+            m = self.cache.match([(agent_key(agent), 0, tokens)])
+            if m.gpu_tokens < tokens:
+                continue
+            in_use = any(r.agent == agent for r in self.running)
+            cost = 0 if in_use else tokens
             if cost <= room:
-                self.cache.set_kept(frozenset(self.cache.kept) | {key})
+                self.cache.lock(m.node)
+                self.pins[agent] = m.node
                 room -= cost
 
-    def _adder(self) -> PrefillAdder:
-        return PrefillAdder(
-            self.cache,
-            lambda: self.free_tokens,
-            self.running,
-            self.ratio,
-            self.cfg,
-            self.match_of,
-            self.chunked,
-        )
+    def _release_pins(self) -> None:
+        for node in self.pins.values():
+            self.cache.unlock(node)
+        self.pins.clear()
+
+    def _match(self, key: list[Piece], limit: int | None = None) -> Match:
+        return self.cache.match(key, limit)
 
     def _own(self, req: Any) -> SimRequest:
         if not isinstance(req, SimRequest):
@@ -303,10 +367,8 @@ class Simulator:
         adm = adder.batch[-1]
         assert adm.match is not None
         req.lock_node = adm.match.node
+        req.prefix_len = adm.match.gpu_tokens
         req.cached_tokens = adm.match.gpu_tokens + adm.match.host_tokens
-        req.extend_tokens = adder.extend_tokens(req, adm.match)
-        req.redo_tokens = req.generated
-        req.done_prefill = 0
         req.admitted_s = self.now
         if req.first_admitted_s is None:
             req.first_admitted_s = self.now
@@ -316,146 +378,145 @@ class Simulator:
         self.rec.admission(req.prompt_tokens, min(req.cached_tokens, req.prompt_tokens))
 
     def _load_back(self, req: SimRequest, match: Match) -> None:
-        """Bring a just-admitted request's host-tier hit back to the GPU (`init_load_back`).
-
-        The nodes go on the GPU and under the request's lock first, then room is made by
-        evicting other nodes, so the loaded chain itself can never be the victim.
-        """
+        """Bring a just-admitted request's host-tier hit back to the GPU (`init_load_back`):
+        the nodes go on the GPU under the request's lock, then room is made by evicting others."""
         nodes = [n for n in match.host_nodes if not n.on_gpu]
-        self.cache.load_back(nodes, self.now)
+        self.cache.load_back(nodes)
         last = match.host_nodes[-1]
         self.cache.lock(last)
         self.cache.unlock(match.node)
         req.lock_node = last
-        short = -self.free_tokens
-        if short > 0:
-            self.cache.evict(short)
-        if self.free_tokens < 0:
-            raise SimulationError(f"KV budget exceeded by {-self.free_tokens} tokens on load-back")
+        req.prefix_len += match.host_tokens
+        self._evict_for(0)
 
-    def _allocate(self, tokens: int) -> None:
-        """Take `tokens` of KV for request-private use, evicting LRU cache as needed."""
+    def _evict_for(self, tokens: int) -> None:
+        """`evict_from_tree_cache`: evict until `tokens` are free (or nothing is evictable)."""
         short = tokens - self.free_tokens
         if short > 0:
             self.cache.evict(short)
-        self.private_tokens += tokens
-        if self.free_tokens < 0:
-            raise SimulationError(f"KV budget exceeded by {-self.free_tokens} tokens")
 
-    def _retract_if_needed(self) -> None:
-        """`update_running_batch`: retract until the next decode step fits."""
-        if self.free_tokens + self.cache.evictable_tokens >= len(self.running):
-            return
-        if self.cache.kept:  # prefixes a policy keeps yield to running requests first
-            self.cache.set_kept(frozenset())
-            if self.free_tokens + self.cache.evictable_tokens >= len(self.running):
-                return
-        order = self.policy.retraction_order(SimView(self))
+    def _alloc(self, tokens: int) -> None:
+        """`alloc_token_slots`: evict the shortfall, then take `tokens` of KV."""
+        self._evict_for(tokens)
+        if self.free_tokens < tokens:
+            raise SimulationError(
+                f"out of KV memory allocating {tokens} tokens ({self.free_tokens} free); "
+                "SGLang raises here too"
+            )
+        self.private_tokens += tokens
+
+    def _start_prefill(self, adder: PrefillAdder) -> None:
+        self._alloc(sum(a.new_tokens for a in adder.batch))
+        for adm in adder.batch:
+            adm.req.private_tokens += adm.new_tokens
+        items = [(a.cached_before, a.new_tokens) for a in adder.batch]
+        load = sum(a.match.host_tokens for a in adder.batch if a.match is not None)
+        dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
+        new = sum(a.new_tokens for a in adder.batch)
+        self.rec.iteration(self, "prefill", dur, 1, len(adder.batch), new)
+        self.prefilling = [a.req for a in adder.batch]
+        self._ends = np.array([self.now + dur])
+        self._begin(dur, ("prefill", adder, dur))
+
+    def _start_decode(self) -> None:
+        """`update_running_batch`, then as many decode steps as nothing can interrupt."""
+        b = len(self.running)
+        if self.pins and not self._decode_fits(b):
+            self._release_pins()  # running requests win over kept prefixes (the adapter)
+        if not self._decode_fits(b):
+            self._retract()
+        else:
+            self._decay(1)
+        b = len(self.running)
+        ctx = sum(r.context_tokens for r in self.running)
+        durs, ends = self._decode_run(b, ctx)
+        steps = len(ends)
+        self._decay(steps - 1)  # the later steps' (the first step's is above)
+        self._alloc(b * steps)
+        for req in self.running:
+            req.private_tokens += steps
+        dur = float(ends[-1]) - self.now
+        self.rec.iteration(self, "decode", dur, steps, b, b * steps)
+        self._busy = True
+        self._ends = ends
+        self._push(float(ends[-1]), ITER, ("decode", durs, dur))
+
+    def _decay(self, steps: int) -> None:
+        """`NewTokenRatioTracker.decay_step`, `steps` times."""
+        if steps > 0:
+            decayed = self.ratio - self.cfg.new_token_ratio_decay * steps
+            self.ratio = max(decayed, self.cfg.min_new_token_ratio)
+
+    def _decode_fits(self, b: int) -> bool:
+        """`check_decode_mem`: evict what the next step needs; does it fit now?"""
+        self._evict_for(b)
+        return self.free_tokens >= b
+
+    def _decode_run(
+        self, b: int, ctx: int
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Durations and end times of the decode steps to run as one event (ends accumulated
+        one step at a time, as a real clock advances): 1 step whenever SGLang would attempt a
+        prefill before the next; else up to the first finish and the memory headroom and,
+        unless the latch is set (then arrivals change nothing), the next client event."""
+        k = 1
+        attempt = self.chunked is not None or (
+            self.waiting and (not self.batch_is_full or self.policy.acts_while_full)
+        )
+        if not attempt:
+            k = min(r.remaining_output for r in self.running)
+            k = max(min(k, (self.free_tokens + self.cache.evictable_tokens) // b), 1)
+        durs = self.cost.decode_steps_s(b, ctx, k)
+        ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
+        if k > 1 and self._heap and not self.batch_is_full:
+            k = min(k, int(ends.searchsorted(self._heap[0][0], side="left")) + 1)
+        return durs[:k], ends[:k]
+
+    def _retract(self) -> None:
+        """`retract_decode`: retract in the policy's order (at least one request) until the
+        next step fits, keeping at least one; then re-estimate `new_token_ratio`."""
+        order = [self._own(r) for r in self.policy.retraction_order(SimView(self))]
+        first = True
         for victim in order:
             if len(self.running) == 1:
                 break
-            self._preempt(self._own(victim))
-            if self.free_tokens + self.cache.evictable_tokens >= len(self.running):
+            if not first and self._decode_fits(len(self.running)):
                 break
+            first = False
+            self._release(victim, len(self.running) - 1)
+            self._enqueue(victim)
+        if not self._decode_fits(len(self.running)):
+            raise SimulationError(
+                "out of KV memory even after retracting every other request (SGLang aborts "
+                "the last one)"
+            )
         decoded = sum(r.generated for r in self.running)
         max_new = sum(r.max_new_tokens for r in self.running)
         n = len(self.running)
         self.ratio = min(1.0, (decoded + self.cfg.retract_decode_steps * n) / (max_new + 1))
-        # This iteration's admission pass ran before the retraction freed memory and moved the
-        # ratio, so its deficit is stale: decode one step, then admission runs again.
-        self._deficit = -math.inf
+        self.batch_is_full = False
 
-    def _preempt(self, req: SimRequest) -> None:
-        """Free a running request's private KV and requeue it (`release_req` + requeue)."""
-        if req is self.chunked:
-            self.chunked = None
-            self.prefilling = [r for r in self.prefilling if r is not req]
-        elif req in self.running:
-            self.running.remove(req)
-        else:
-            return
+    def _release(self, req: SimRequest, remaining: int) -> None:
+        """`release_req` for a running request sent back to the queue (retraction or policy
+        preemption): free its private KV, release its lock, make room for the `remaining`."""
+        self.running.remove(req)
         self.private_tokens -= req.private_tokens
         req.private_tokens = 0
         if req.lock_node is not None:
             self.cache.unlock(req.lock_node)
             req.lock_node = None
+        req.prefix_len = 0
         req.preemptions += 1
         req.admitted_s = None
         self.rec.preemption()
-        self._enqueue(req)
+        self.batch_is_full = False
+        self._evict_for(remaining * self.cfg.retract_decode_steps)
 
-    def _plan_decode(self) -> tuple[int, float]:
-        """How many decode steps to run as one event, and their total duration."""
-        running = self.running
-        b = len(running)
-        k = min(r.remaining_output for r in running)
-        headroom = self.free_tokens + self.cache.evictable_tokens
-        if self.waiting:
-            # Eviction must not change a waiting request's prefix match mid-run: stop before
-            # the LRU order would reach a node on one of their matched paths.
-            headroom = max(self.free_tokens + self._evictable_off_paths(k * b), b)
-            k = min(k, headroom // b)
-            if self.policy.reorders_during_decode or self.policy.acts_while_full:
-                floor = self._blocked_floor()
-                if floor is None or self.policy.acts_while_full:
-                    k = min(k, self.cfg.decision_interval_steps)
-                if floor is not None:
-                    k = min(k, self._steps_until_fit(floor, k))
-            elif self._deficit is not None:
-                k = min(k, self._steps_until_fit(self._deficit, k))
-        k = max(1, min(k, headroom // b))
-        ctx = sum(r.context_tokens for r in running)
-        durs = self.cost.decode_steps_s(b, ctx, k)
-        cum = np.cumsum(durs)
-        if self._heap:
-            gap = self._heap[0][0] - self.now
-            k = min(k, int(np.searchsorted(cum, gap, side="left")) + 1)
-        return k, float(cum[k - 1])
+    def _begin(self, dur: float, payload: tuple[Any, ...]) -> None:
+        self._busy = True
+        self._push(self.now + dur, ITER, payload)
 
-    def _evictable_off_paths(self, want: int) -> int:
-        short = want - self.free_tokens
-        if short <= 0:
-            return 0
-        protect: set[int] = set()
-        for r in self.waiting:
-            n: Node | None = self.match_of(r).node
-            while n is not None and id(n) not in protect:
-                protect.add(id(n))
-                n = n.parent
-        return self.cache.evictable_before(protect, short)
-
-    def _blocked_floor(self) -> float | None:
-        """If no waiting request fits now, the least growth of `remaining_total` that would
-        let one in (so no ranking of the queue matters before then); None if one fits."""
-        if len(self.running) + 1 > self.cfg.max_running_requests:
-            return float("inf")
-        adder = self._adder()
-        base = adder.remaining_total
-        floor = float("inf")
-        for r in self.waiting:
-            m = self.match_of(r)
-            deficit = adder.need(r, m) - (base - self.cache.unlocked_path_tokens(m.node)) + 1
-            if deficit < 1:  # need < remaining_total: it fits now
-                return None
-            floor = min(floor, deficit)
-        return floor
-
-    def _steps_until_fit(self, deficit: float, k_max: int) -> int:
-        """Fewest decode steps after which `remaining_total` has grown by `deficit`."""
-        j = np.arange(1, k_max + 1, dtype=np.float64)
-        cfg = self.cfg
-        ratio = np.maximum(self.ratio - cfg.new_token_ratio_decay * j, cfg.min_new_token_ratio)
-        base = sum(running_offset(r, self.ratio, cfg.clip_max_new_tokens) for r in self.running)
-        offset = np.zeros_like(j)
-        for r in self.running:
-            left = np.clip(r.max_new_tokens - r.generated - j, 0, cfg.clip_max_new_tokens)
-            offset += left * (1.0 if r.ignore_eos else ratio)
-        gain = -len(self.running) * j - (offset - base)
-        # Admission needs `need < remaining_total`: growth > deficit - 1 (the deficit carries
-        # the +1 of the integer form, but ratio-scaled reservations are fractional).
-        hit = np.nonzero(gain > deficit - 1)[0]
-        return int(hit[0]) + 1 if hit.size else k_max
-
+    # -- iteration ends -------------------------------------------------------------------------
     def _iteration_done(self, kind: str, what: Any, dur: float) -> None:
         self._busy = False
         if kind == "prefill":
@@ -464,75 +525,70 @@ class Simulator:
             self._decode_done(what, dur)
 
     def _prefill_done(self, adder: PrefillAdder, dur: float) -> None:
-        self.prefilling = [self.chunked] if self.chunked is not None else []
+        """`process_batch_result_prefill`, then the next step's merge of the batch into the
+        running batch: the chunked request's chunk joins the tree (`stash_chunked_request`),
+        and a chunked or finished request leaving the batch clears the latch. An empty running
+        batch is replaced by the prefill batch (`running_batch = last_batch`), whose latch is
+        a new batch's: clear."""
+        self.prefilling = []
+        if not self.running:
+            self.batch_is_full = False
+        chunk: tuple[SimRequest, int] | None = None
         for adm in adder.batch:
             req = adm.req
-            req.done_prefill += adm.new_tokens
             req.service_s += dur
             req.task.attained_s += dur
-            if req.done_prefill < req.extend_tokens:
-                continue  # mid-chunk
-            self._cache_prompt(req)
-            self._allocate(1)
-            req.private_tokens += 1
-            req.generated += 1
+            end = adm.cached_before + adm.new_tokens
+            if end < req.fill_tokens:
+                chunk = (req, end)
+                continue
             if req.first_token_s is None:
                 req.first_token_s = self.now
+            req.generated += 1
             if req.remaining_output <= 0:
-                self._finish(req)
+                self._finish(req, end)
+                self.batch_is_full = False
             else:
+                self._checkpoint(req, end)
                 self.running.append(req)
+        if chunk is not None:
+            self._checkpoint(*chunk)
+            self.batch_is_full = False
 
-    def _cache_prompt(self, req: SimRequest) -> None:
-        """`cache_unfinished_req`: the computed prompt joins the tree; the lock moves to it.
-
-        The prompt's private KV becomes cache (or, where another request inserted the same
-        segments meanwhile, is freed as a duplicate); redone output tokens stay private.
-        """
+    def _checkpoint(self, req: SimRequest, up_to: int) -> None:
+        """`checkpoint_kv_cache`: the computed fill joins the tree, the lock moves to it."""
         assert req.lock_node is not None
-        idx = self._matched_segments(req)
-        last, _ = self.cache.insert(req.lock_node, req.prompt[idx:], self.now)
-        prompt_private = req.extend_tokens - req.redo_tokens
-        self.private_tokens -= prompt_private
-        req.private_tokens -= prompt_private
+        last, _ = self.cache.insert(take(req.fill(), up_to)[0])
+        self.private_tokens -= up_to - req.prefix_len
+        req.private_tokens -= up_to - req.prefix_len
         self.cache.lock(last)
         self.cache.unlock(req.lock_node)
         req.lock_node = last
+        req.prefix_len = up_to
 
-    @staticmethod
-    def _matched_segments(req: SimRequest) -> int:
-        done = 0
-        for i, seg in enumerate(req.prompt):
-            if done >= req.cached_tokens:
-                return i
-            done += seg.tokens
-        return len(req.prompt)
-
-    def _decode_done(self, steps: int, dur: float) -> None:
-        b = len(self.running)
-        self._allocate(b * steps)
+    def _decode_done(self, durs: npt.NDArray[np.float64], dur: float) -> None:
+        steps = len(durs)
         for req in self.running:
             req.generated += steps
-            req.private_tokens += steps
             req.service_s += dur
             req.task.attained_s += dur
-        cfg = self.cfg
-        self.ratio = max(self.ratio - cfg.new_token_ratio_decay * steps, cfg.min_new_token_ratio)
-        self.estimator.observe_decode(dur / steps, steps)
+        for d in durs:  # step by step, as the plugin observes a real server's steps
+            self.estimator.observe_decode(float(d), 1)
         finished = [r for r in self.running if r.remaining_output <= 0]
         if finished:
             self.running = [r for r in self.running if r.remaining_output > 0]
             for req in finished:
-                self._finish(req)
+                self._finish(req, req.fill_tokens - 1)
+            self.batch_is_full = False
 
-    def _finish(self, req: SimRequest) -> None:
-        """`cache_finished_req`: prompt + output join the tree; the request's locks go."""
+    def _finish(self, req: SimRequest, committed: int) -> None:
+        """`release_kv_cache(checkpoint=True)`: the fill up to the last computed token (the
+        prompt and every output but the last) joins the tree; the request's locks go."""
         assert req.lock_node is not None
-        last, _ = self.cache.insert(req.lock_node, [req.output_segment], self.now)
+        self.cache.insert(take(req.fill(), committed)[0])
         self.private_tokens -= req.private_tokens
         req.private_tokens = 0
         self.cache.unlock(req.lock_node)
-        self.cache.touch(last, self.now)
         req.lock_node = None
         req.finish_s = self.now
         self.estimator.observe(req.agent, req.kind, req.generated)

@@ -1,20 +1,33 @@
-"""A radix prefix cache over prompt segments, mirroring SGLang's `RadixCache`.
+"""A token-exact radix prefix cache, mirroring SGLang 0.5.23's radix tree (page size 1).
 
-SGLang 0.5.23 (`sglang/srt/mem_cache/radix_cache.py`) keeps a radix tree of token ids with a
-lock count per node: `inc_lock_ref` walks from a node to the root, moving tokens from the
-evictable to the protected size when a count leaves zero; `evict(n)` pops least-recently-used
-unlocked leaves until `n` tokens are free. Here an edge is one segment (a content key and a
-token count, page size 1): equal keys mean equal tokens, so matching by key is token-exact at
-segment granularity.
+SGLang (`mem_cache/unified_cache/unified_tree_core.py`, and its Rust twin that servers load by
+default) keeps a radix tree of token ids. Its behaviour that decides who gets evicted, mirrored
+here:
+- `match_prefix` splits the node where a match ends inside it, and stamps the matched path
+  with a fresh time, deepest node newest (`_match_post_processor`);
+- `insert` touches the root and every node it walks, splits where the key leaves a node, and
+  adds the rest as a new leaf; tokens already in the tree are shared (the caller's duplicate
+  KV is freed);
+- `inc_lock_ref` / `dec_lock_ref` move a path between evictable and protected;
+- `evict(n)` pops evictable leaves in LRU order (a heap on `last_access_time`), a parent whose
+  last child went joining the heap, until at least `n` tokens are freed.
+Times are a per-cache counter (SGLang's is `get_and_increase_time_counter`): only their order
+matters.
 
-Extensions:
-- *kept* nodes (an agent prefix the policy wants resident) hold one extra lock, so they are
-  protected exactly like prefixes in use and can never be evicted.
-- an optional host tier (HiCache-like): an evicted GPU node moves to host memory, from where a
-  later match can load it back for `tokens * kv_bytes_per_token / host_link_bandwidth` instead of
-  recomputing it. Host copies are evicted LRU when host memory is full.
+Tokens are named, not stored: a workload segment `(key, n)` is the tokens `(key, 0..n-1)`, and
+`runners.sglang_cpu.tokens.TokenIds` gives each key one unique lead id followed by a shared
+filler id, so comparing `(key, offset)` pairs here is comparing token ids there. An edge is a
+list of pieces (`workloads.pieces`); a child is found by its first token: the key for a lead
+token (`start == 0`), `FILL` for a filler (which, at a given node, can only continue the key
+being filled there).
 
-Invariant: every ancestor of a GPU node is on the GPU (eviction takes GPU leaves first).
+Extensions (no SGLang counterpart in the reference engine):
+- kept nodes (an agent prefix a policy wants resident) hold one extra lock;
+- an optional host tier (HiCache-like): an evicted GPU node moves to host memory when there is
+  room, from where a match can load it back for `tokens * kv_bytes / host_link_bandwidth`.
+  Host copies are evicted LRU when host memory is full.
+
+Invariant: every ancestor of a GPU node is on the GPU.
 """
 
 from __future__ import annotations
@@ -23,102 +36,84 @@ import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from topas_bench.workloads.model import Segment
-
+from topas_bench.workloads.pieces import Piece, common, first_token, length, take
 
 class Node:
-    __slots__ = (
-        "children",
-        "key",
-        "last_access_s",
-        "lock",
-        "on_gpu",
-        "on_host",
-        "parent",
-        "seq",
-        "tokens",
-    )
+    __slots__ = ("children", "edge", "last_access", "lock", "on_gpu", "on_host", "parent", "tokens")
 
-    def __init__(self, key: str, tokens: int, parent: Node | None, seq: int) -> None:
-        self.key = key
-        self.tokens = tokens
+    def __init__(self, edge: list[Piece], parent: Node | None, t: float) -> None:
+        self.edge = edge
+        self.tokens = length(edge)
         self.parent = parent
         self.children: dict[str, Node] = {}
         self.lock = 0
-        self.last_access_s = 0.0
+        self.last_access = t
         self.on_gpu = True
         self.on_host = False
-        self.seq = seq  # creation order: the LRU tie-break, so eviction is deterministic
 
     def gpu_child_count(self) -> int:
         return sum(1 for c in self.children.values() if c.on_gpu)
 
+    def __lt__(self, other: Node) -> bool:  # heap tie-break (times are unique anyway)
+        return self.last_access < other.last_access
+
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    """Result of matching a prompt: the GPU-resident prefix, then host-resident segments."""
+    """A matched prefix: `gpu_tokens` ending at `node` (the root if none), then the host-tier
+    nodes that continue it (`host_tokens` in all)."""
 
     gpu_tokens: int
-    node: Node  # last GPU node (the root if nothing matched)
+    node: Node
     host_tokens: int
     host_nodes: tuple[Node, ...]
 
 
 class RadixCache:
-    """Segment radix tree with lock counts, LRU eviction and an optional host tier."""
+    """Token-exact radix tree with lock counts, LRU eviction and an optional host tier."""
 
     def __init__(self, host_capacity_tokens: int = 0) -> None:
-        self._seq = 0
-        self.root = Node("", 0, None, 0)
+        self._time = 0.0
+        self.root = Node([], None, 0.0)
         self.root.lock = 1  # the root is never evicted
         self.gpu_tokens = 0
         self.evictable_tokens = 0
         self.host_capacity_tokens = host_capacity_tokens
         self.host_tokens = 0
-        self.kept: dict[str, Node] = {}
-        #: Bumped whenever a node joins or leaves the GPU, so callers can memoise matches.
+        #: Bumped whenever the tree's shape or residency changes, so callers can memoise
+        #: read-only probes.
         self.version = 0
 
-    # -- queries ---------------------------------------------------------------------------
+    def _tick(self) -> float:
+        self._time += 1.0
+        return self._time
+
+    # -- queries (read-only: no split, no time stamp) ----------------------------------------
     @property
     def protected_tokens(self) -> int:
         return self.gpu_tokens - self.evictable_tokens
 
-    def match(self, prompt: Sequence[Segment], limit: int | None = None) -> Match:
-        """Longest cached prefix of `prompt` (at most `limit` segments). Does not touch LRU."""
-        node = self.root
-        gpu = 0
-        host = 0
-        host_nodes: list[Node] = []
-        gpu_node = self.root
-        segs = prompt if limit is None else prompt[:limit]
-        for seg in segs:
-            child = node.children.get(seg.key)
-            if child is None:
+    def probe(self, key: Sequence[Piece], limit: int | None = None) -> tuple[int, int]:
+        """(GPU tokens, then host tokens) of `key`'s cached prefix, without touching anything
+        (the reading twin of `match`, as SGLang's `match_full_device_prefix`)."""
+        cap = length(key) if limit is None else limit
+        node, gpu, host, rest = self.root, 0, 0, list(key)
+        while rest and gpu + host < cap:
+            child = node.children.get(first_token(rest[0]))
+            if child is None or not (child.on_gpu or child.on_host):
                 break
-            if child.on_gpu and not host_nodes:
-                gpu += child.tokens
-                gpu_node = child
+            m = common(child.edge, rest, cap - gpu - host)
+            if child.on_gpu and not host:
+                gpu += m
             elif child.on_host:
-                host += child.tokens
-                host_nodes.append(child)
+                host += m
             else:
                 break
+            if m < child.tokens:
+                break
+            rest = take(rest, m)[1]
             node = child
-        return Match(gpu, gpu_node, host, tuple(host_nodes))
-
-    def unlocked_path_tokens(self, node: Node) -> int:
-        """Evictable tokens on the path root..node (what locking `node` would protect)."""
-        total = 0
-        n: Node | None = node
-        while n is not None and n is not self.root:
-            if n.lock == 0:
-                total += n.tokens
-            n = n.parent
-        return total
-
-    def child(self, key: str) -> Node | None:
-        return self.root.children.get(key)
+        return gpu, host
 
     def nodes(self) -> Iterator[Node]:
         stack = list(self.root.children.values())
@@ -127,12 +122,81 @@ class RadixCache:
             yield n
             stack.extend(n.children.values())
 
-    # -- locking ---------------------------------------------------------------------------
+    def unlocked_path_tokens(self, node: Node) -> int:
+        """Evictable tokens on the path root..node (what locking `node` would protect)."""
+        total = 0
+        n: Node | None = node
+        while n is not None and n is not self.root:
+            if n.lock == 0 and n.on_gpu:
+                total += n.tokens
+            n = n.parent
+        return total
+
+    # -- match (SGLang's match_prefix: splits and stamps) -----------------------------------
+    def match(self, key: Sequence[Piece], limit: int | None = None) -> Match:
+        """Longest cached prefix of `key` (at most `limit` tokens), splitting the node where
+        it ends and stamping the matched path (deepest newest), as `match_prefix` does."""
+        cap = length(key) if limit is None else limit
+        node, gpu, host = self.root, 0, 0
+        gpu_node = self.root
+        host_nodes: list[Node] = []
+        rest = list(key)
+        while rest and gpu + host < cap:
+            child = node.children.get(first_token(rest[0]))
+            if child is None or not (child.on_gpu or child.on_host):
+                break
+            m = common(child.edge, rest, cap - gpu - host)
+            partial = m < child.tokens
+            if partial:
+                child = self._split(child, m)
+            if child.on_gpu and not host_nodes:
+                gpu += m
+                gpu_node = child
+            elif child.on_host:
+                host += m
+                host_nodes.append(child)
+            else:
+                break
+            rest = take(rest, m)[1]
+            node = child
+            if partial:
+                break
+        self._stamp(host_nodes[-1] if host_nodes else gpu_node)
+        return Match(gpu, gpu_node, host, tuple(host_nodes))
+
+    def _stamp(self, node: Node) -> None:
+        t = self._tick()
+        n: Node | None = node
+        while n is not None:
+            n.last_access = t
+            t -= 1e-5
+            n = n.parent
+
+    def _split(self, child: Node, at: int) -> Node:
+        """`_split_node`: a new parent holding `child`'s first `at` tokens. The new node is
+        stamped at creation, then the child (its suffix keeps no older recency)."""
+        head, tail = take(child.edge, at)
+        parent = child.parent
+        assert parent is not None
+        new = Node(head, parent, self._tick())
+        new.lock = child.lock
+        new.on_gpu = child.on_gpu
+        new.on_host = child.on_host
+        parent.children[first_token(head[0])] = new
+        child.edge = tail
+        child.tokens -= at
+        child.parent = new
+        new.children[first_token(tail[0])] = child
+        child.last_access = self._tick()
+        self.version += 1
+        return new
+
+    # -- locking ----------------------------------------------------------------------------
     def lock(self, node: Node) -> None:
         """`inc_lock_ref`: protect the path root..node."""
         n: Node | None = node
         while n is not None and n is not self.root:
-            if n.lock == 0:
+            if n.lock == 0 and n.on_gpu:
                 self.evictable_tokens -= n.tokens
             n.lock += 1
             n = n.parent
@@ -143,55 +207,48 @@ class RadixCache:
         while n is not None and n is not self.root:
             n.lock -= 1
             assert n.lock >= 0, "lock count below zero"
-            if n.lock == 0:
+            if n.lock == 0 and n.on_gpu:
                 self.evictable_tokens += n.tokens
             n = n.parent
 
-    def touch(self, node: Node, now_s: float) -> None:
-        n: Node | None = node
-        while n is not None and n is not self.root:
-            n.last_access_s = now_s
-            n = n.parent
-
-    def set_kept(self, keys: frozenset[str]) -> None:
-        """Pin exactly the root children named in `keys` that are on the GPU."""
-        for key in list(self.kept):
-            if key not in keys:
-                self.unlock(self.kept.pop(key))
-        for key in keys:
-            node = self.root.children.get(key)
-            if key not in self.kept and node is not None and node.on_gpu:
-                self.lock(node)
-                self.kept[key] = node
-
-    # -- insertion and loading -------------------------------------------------------------
-    def insert(self, parent: Node, segments: Sequence[Segment], now_s: float) -> tuple[Node, int]:
-        """Insert `segments` below `parent` (a GPU node). Returns (last node, tokens newly
-        placed on the GPU). Segments already on the GPU are shared (their duplicate KV is the
-        caller's to free); host-only segments are re-materialised from the new KV."""
-        node = parent
+    # -- insertion ---------------------------------------------------------------------------
+    def insert(self, key: Sequence[Piece]) -> tuple[Node, int]:
+        """`insert`: put `key` in the tree. Returns (its last node, tokens newly placed on the
+        GPU). Tokens already on the GPU are shared (the caller frees its duplicate KV);
+        host-only nodes are re-materialised from the new KV."""
+        node = self.root
+        node.last_access = self._tick()
         added = 0
-        for seg in segments:
-            child = node.children.get(seg.key)
+        rest = list(key)
+        while rest:
+            child = node.children.get(first_token(rest[0]))
             if child is None:
-                self._seq += 1
-                child = Node(seg.key, seg.tokens, node, self._seq)
-                node.children[seg.key] = child
+                break
+            child.last_access = self._tick()
+            m = common(child.edge, rest, length(rest))
+            if m < child.tokens:
+                child = self._split(child, m)
+            if not child.on_gpu:
                 self._to_gpu(child)
-                added += seg.tokens
-            elif not child.on_gpu:
-                self._to_gpu(child)
-                added += seg.tokens
-            child.last_access_s = now_s
+                added += child.tokens
+            rest = take(rest, m)[1]
             node = child
+        if rest:
+            leaf = Node(rest, node, self._tick())
+            node.children[first_token(rest[0])] = leaf
+            self.version += 1
+            self.gpu_tokens += leaf.tokens
+            self.evictable_tokens += leaf.tokens
+            added += leaf.tokens
+            node = leaf
         return node, added
 
-    def load_back(self, nodes: Sequence[Node], now_s: float) -> int:
+    def load_back(self, nodes: Sequence[Node]) -> int:
         """Bring host-resident `nodes` (a chain below a GPU node) back to the GPU."""
         loaded = 0
         for n in nodes:
             self._to_gpu(n)
-            n.last_access_s = now_s
+            n.last_access = self._tick()
             loaded += n.tokens
         return loaded
 
@@ -202,58 +259,35 @@ class RadixCache:
         if node.lock == 0:
             self.evictable_tokens += node.tokens
 
-    # -- eviction --------------------------------------------------------------------------
-    def _evictable_leaves(self) -> list[tuple[float, int, Node]]:
+    # -- eviction ----------------------------------------------------------------------------
+    def _evictable_leaves(self) -> list[tuple[float, Node]]:
         heap = [
-            (n.last_access_s, n.seq, n)
+            (n.last_access, n)
             for n in self.nodes()
             if n.on_gpu and n.lock == 0 and n.gpu_child_count() == 0
         ]
         heapq.heapify(heap)
         return heap
 
-    def _push_if_leaf(self, heap: list[tuple[float, int, Node]], parent: Node | None) -> None:
-        if (
-            parent is not None
-            and parent is not self.root
-            and parent.lock == 0
-            and parent.on_gpu
-            and parent.gpu_child_count() == 0
-        ):
-            heapq.heappush(heap, (parent.last_access_s, parent.seq, parent))
-
     def evict(self, tokens: int) -> int:
         """Free at least `tokens` GPU tokens by evicting LRU unlocked leaves; returns freed."""
+        if tokens <= 0:
+            return 0
         heap = self._evictable_leaves()
         freed = 0
         while freed < tokens and heap:
-            _, _, n = heapq.heappop(heap)
+            _, n = heapq.heappop(heap)
             freed += n.tokens
             parent = n.parent
             self._evict_node(n)
-            self._push_if_leaf(heap, parent)
-        return freed
-
-    def evictable_before(self, protect: set[int], want: int) -> int:
-        """Dry run of `evict(want)`: tokens it frees before it would evict a node whose `id()`
-        is in `protect`. Mutates nothing."""
-        heap = self._evictable_leaves()
-        gone: set[int] = set()
-        freed = 0
-        while freed < want and heap:
-            _, _, n = heapq.heappop(heap)
-            if id(n) in protect:
-                break
-            freed += n.tokens
-            gone.add(id(n))
-            parent = n.parent
             if (
                 parent is not None
                 and parent is not self.root
                 and parent.lock == 0
-                and all(not c.on_gpu or id(c) in gone for c in parent.children.values())
+                and parent.on_gpu
+                and parent.gpu_child_count() == 0
             ):
-                heapq.heappush(heap, (parent.last_access_s, parent.seq, parent))
+                heapq.heappush(heap, (parent.last_access, parent))
         return freed
 
     def _evict_node(self, n: Node) -> None:
@@ -273,28 +307,30 @@ class RadixCache:
         need = self.host_tokens + tokens - self.host_capacity_tokens
         if need <= 0:
             return True
-        # SGLang `HiRadixCache.evict_host`: a heap of host-only leaves; a parent whose last
-        # child went becomes a leaf and joins it (else a host chain could never be freed).
+        # As SGLang's `evict_host`: a heap of host-only leaves; a parent whose last child went
+        # becomes a leaf and joins it (else a host chain could never be freed).
         victims = [
-            (n.last_access_s, n.seq, n)
+            (n.last_access, n)
             for n in self.nodes()
             if n.on_host and not n.on_gpu and not n.children
         ]
         heapq.heapify(victims)
         while need > 0 and victims:
-            _, _, v = heapq.heappop(victims)
+            _, v = heapq.heappop(victims)
             need -= v.tokens
             parent = v.parent
             self._delete_subtree(v)
             if parent is not None and parent.on_host and not parent.on_gpu and not parent.children:
-                heapq.heappush(victims, (parent.last_access_s, parent.seq, parent))
+                heapq.heappush(victims, (parent.last_access, parent))
         return need <= 0
 
     def _delete_subtree(self, n: Node) -> None:
         """Drop a node that is no longer on the GPU, with its (host-only) descendants."""
         assert not n.on_gpu
         if n.parent is not None:
-            n.parent.children.pop(n.key, None)
+            first = first_token(n.edge[0])
+            if n.parent.children.get(first) is n:
+                del n.parent.children[first]
         stack = [n]
         while stack:
             m = stack.pop()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from topas_bench.schedulers.base import Decision
+from topas_bench.workloads.model import agent_key
 
 if TYPE_CHECKING:
     from topas_bench.runners.sim.engine import Simulator
@@ -66,7 +67,7 @@ class Recorder:
         cache = sim.cache
         resident = "|".join(
             a.name for a in sim.workload.agents
-            if (n := cache.child("agent:" + a.name)) is not None and n.on_gpu
+            if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
         )  # fmt: skip
         used = cache.gpu_tokens + sim.private_tokens
         self._timeline.append(
@@ -87,7 +88,7 @@ class Recorder:
     def request(self, r: SimRequest, status: str = "ok") -> None:
         self._requests.append(
             (r.rid, r.task.id, r.stage_id, r.agent, r.kind, r.prompt_tokens, r.generated,
-             r.cached_tokens, r.ready_s, r.first_admitted_s, r.admitted_s, r.first_token_s,
+             r.cached_tokens, r.sent_s, r.first_admitted_s, r.admitted_s, r.first_token_s,
              r.finish_s, r.preemptions, r.service_s, status)
         )  # fmt: skip
 

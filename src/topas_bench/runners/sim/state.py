@@ -9,22 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from topas_bench.runners.sim.radix import Match, Node
+from topas_bench.runners.sim.radix import Node
 from topas_bench.schedulers.base import StageState
-from topas_bench.workloads.model import Segment, Stage, Task, output_key
+from topas_bench.workloads.model import Segment, Stage, Task
+from topas_bench.workloads.pieces import Piece, fill_pieces
 
 
 class SimRequest:
-    """One LLM call inside the simulated server."""
+    """One LLM call inside the simulated server, with SGLang's per-request KV bookkeeping."""
 
     __slots__ = (
         "_true_output",
         "admitted_s",
         "agent",
         "cached_tokens",
-        "done_prefill",
         "enqueue_seq",
-        "extend_tokens",
         "finish_s",
         "first_admitted_s",
         "first_token_s",
@@ -32,23 +31,25 @@ class SimRequest:
         "ignore_eos",
         "kind",
         "lock_node",
-        "match_memo",
         "max_new_tokens",
         "preemptions",
+        "prefix_len",
         "private_tokens",
         "prompt",
         "prompt_tokens",
         "queued_s",
         "ready_s",
-        "redo_tokens",
         "rid",
+        "sent_s",
         "service_s",
         "stage_id",
         "task",
         "task_id",
     )
 
-    def __init__(self, rid: int, task: TaskRun, stage: Stage, now_s: float) -> None:
+    def __init__(
+        self, rid: int, task: TaskRun, stage: Stage, now_s: float, max_new_tokens: int
+    ) -> None:
         self.rid = rid
         self.task = task
         self.task_id = task.id
@@ -57,12 +58,14 @@ class SimRequest:
         self.kind = stage.kind
         self.prompt: tuple[Segment, ...] = stage.prompt
         self.prompt_tokens = stage.prompt_tokens
-        self.max_new_tokens = stage.max_new_tokens
+        #: The cap the server applies (`Scheduler.init_req_max_new_tokens` clips the client's).
+        self.max_new_tokens = max_new_tokens
         self._true_output = stage.output_tokens
         # A client that asks for the exact length sends ignore_eos (DESIGN section 7).
         self.ignore_eos = stage.max_new_tokens == stage.output_tokens
         self.generated = 0
-        self.ready_s = now_s
+        self.sent_s = now_s  # the client sent it
+        self.ready_s = now_s  # the server received it (the next iteration boundary)
         self.queued_s = now_s
         self.enqueue_seq = 0
         self.admitted_s: float | None = None
@@ -71,14 +74,11 @@ class SimRequest:
         self.finish_s: float | None = None
         self.preemptions = 0
         self.service_s = 0.0
-        # KV state while admitted
+        # KV state while admitted (SGLang's `Req.prefix_len`, `req.lock`, private rows)
         self.lock_node: Node | None = None
-        self.cached_tokens = 0  # prefix-cache hit at the latest admission
-        self.extend_tokens = 0  # tokens this admission must compute (prompt rest + redo)
-        self.done_prefill = 0  # of extend_tokens, computed so far
-        self.redo_tokens = 0  # output tokens recomputed after a preemption
-        self.private_tokens = 0  # KV held outside the shared cache
-        self.match_memo: tuple[int, Match] | None = None  # (cache version, match)
+        self.prefix_len = 0  # leading fill tokens the tree holds for it (locked)
+        self.private_tokens = 0  # KV it holds outside the tree
+        self.cached_tokens = 0  # prefix-cache hit at its latest admission
 
     @property
     def output_target(self) -> int:
@@ -90,8 +90,12 @@ class SimRequest:
         return self.output_target - self.generated
 
     @property
-    def output_segment(self) -> Segment:
-        return Segment(output_key(self.task.id, self.stage_id), self._true_output)
+    def fill_tokens(self) -> int:
+        """`len(fill_ids)`: the prompt plus the outputs produced so far."""
+        return self.prompt_tokens + self.generated
+
+    def fill(self) -> list[Piece]:
+        return fill_pieces(self.prompt, self.task_id, self.stage_id, self.generated)
 
     @property
     def context_tokens(self) -> int:

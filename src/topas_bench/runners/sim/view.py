@@ -1,11 +1,17 @@
-"""The simulator's implementation of the read-only `EngineView` a policy sees."""
+"""The simulator's implementation of the read-only `EngineView` a policy sees.
+
+It answers exactly what the plugin's view answers on a real server
+(`runners.sglang.adapter.SglangView`), so a policy decides the same way in both engines:
+prefix hits are read-only device matches of the request's prompt and outputs so far; agents are
+those seen in requests so far; `lock_cost` uses the adapter's approximation.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
-from topas_bench.runners.sim.admission import PrefillAdder, running_offset
+from topas_bench.runners.sim.admission import running_offset
 from topas_bench.schedulers.base import PrefixLocation, PrefixView, RequestView, TaskView
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import agent_key
@@ -16,13 +22,13 @@ if TYPE_CHECKING:
 
 
 class SimView:
-    """A view of a `Simulator` at one scheduling point (prefix matches are memoised by it)."""
+    """A view of a `Simulator` at one scheduling point (prefix hits memoised by it)."""
 
-    __slots__ = ("_adder", "_sim")
+    __slots__ = ("_hits", "_sim")
 
     def __init__(self, sim: Simulator) -> None:
         self._sim = sim
-        self._adder: PrefillAdder | None = None
+        self._hits: dict[int, int] = {}
 
     @property
     def now_s(self) -> float:
@@ -75,42 +81,64 @@ class SimView:
         return self._sim.estimator
 
     def cached_tokens(self, req: RequestView) -> int:
-        return self._sim.match_of(self._req(req)).gpu_tokens
+        r = self._req(req)
+        hit = self._hits.get(r.rid)
+        if hit is None:
+            hit = self._hits[r.rid] = self._sim.cache.probe(r.fill())[0]
+        return hit
 
     def admission_need(self, req: RequestView) -> int:
-        sim = self._sim
-        if self._adder is None:
-            self._adder = PrefillAdder(sim.cache, lambda: sim.free_tokens, (), sim.ratio, sim.cfg)
+        """`add_one_req`'s total: extend + clipped max_new + one page."""
         r = self._req(req)
-        return self._adder.need(r, sim.match_of(r))
+        clip = self._sim.cfg.clip_max_new_tokens
+        extend = max(r.fill_tokens - self.cached_tokens(r), 1)
+        return extend + min(max(r.max_new_tokens - r.generated, 0), clip) + 1
 
     def lock_cost(self, req: RequestView) -> int:
+        """Cached tokens admitting `req` would lock; the agent's prefix is taken as already
+        locked while one of its requests runs or it is kept (the adapter's approximation)."""
+        r = self._req(req)
+        hit = self.cached_tokens(r)
         sim = self._sim
-        return sim.cache.unlocked_path_tokens(sim.match_of(self._req(req)).node)
+        if r.agent and (r.agent in sim.pins or any(x.agent == r.agent for x in sim.running)):
+            return max(hit - sim.prefix_tokens.get(r.agent, 0), 0)
+        return hit
+
+    def _resident(self, agent: str) -> tuple[int, int]:
+        tokens = self._sim.prefix_tokens[agent]
+        return self._sim.cache.probe([(agent_key(agent), 0, tokens)])
 
     def reload_s(self, agent: str) -> float:
         sim = self._sim
-        node = sim.cache.child(agent_key(agent))
-        if node is not None and node.on_gpu:
+        tokens = sim.prefix_tokens.get(agent, 0)
+        if agent not in sim.agents_seen or not tokens:
             return 0.0
-        if node is not None and node.on_host:
-            return sim.cost.host_load_s(node.tokens)
-        return sim.estimator.prefill_s(sim.prefix_tokens[agent])
+        gpu, host = self._resident(agent)
+        if gpu >= tokens:
+            return 0.0
+        if gpu + host >= tokens:
+            return sim.cost.host_load_s(tokens - gpu)
+        return sim.estimator.prefill_s(tokens)
 
     def prefixes(self) -> Sequence[PrefixView]:
-        cache = self._sim.cache
+        sim = self._sim
+        users: dict[str, int] = {}
+        for r in sim.running:
+            users[r.agent] = users.get(r.agent, 0) + 1
         out = []
-        for agent in self._sim.workload.agents:
-            key = agent_key(agent.name)
-            node = cache.child(key)
-            kept = key in cache.kept
-            if node is None:
-                out.append(
-                    PrefixView(agent.name, agent.prefix_tokens, PrefixLocation.NONE, 0, False)
-                )
+        for agent in sorted(sim.agents_seen):
+            tokens = sim.prefix_tokens.get(agent, 0)
+            if not tokens:
                 continue
-            where = PrefixLocation.GPU if node.on_gpu else PrefixLocation.HOST
-            out.append(PrefixView(agent.name, node.tokens, where, node.lock - int(kept), kept))
+            gpu, host = self._resident(agent)
+            if gpu >= tokens:
+                where = PrefixLocation.GPU
+            elif gpu + host >= tokens:
+                where = PrefixLocation.HOST
+            else:
+                where = PrefixLocation.NONE
+            locks = users.get(agent, 0) if where is PrefixLocation.GPU else 0
+            out.append(PrefixView(agent, tokens, where, locks, agent in sim.pins))
         return out
 
     @staticmethod

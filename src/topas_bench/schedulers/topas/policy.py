@@ -50,7 +50,6 @@ class Topas(Policy):
     """TOPAS: joint prefix residency, admission and preemption (the paper's scheduler)."""
 
     name = "topas"
-    reorders_during_decode = True
     acts_while_full = True
     defaults: ClassVar[dict[str, Any]] = {}
 
