@@ -16,18 +16,22 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from topas_bench.runners.sglang_cpu.job import Cell, Job, native_policy
+from topas_bench.runners.sglang_cpu.job import Cell, Job, ServerSettings, native_policy
+from topas_bench.workloads.model import Workload
+
+if TYPE_CHECKING:  # SGLang is imported only after `_env` has set its environment
+    from topas_bench.runners.sglang_cpu.loop import ReferenceLoop
 
 PROGRESS_EVERY_S = 1.0
 
 
-def _env(job: Job) -> None:
+def set_env(s: ServerSettings) -> None:
     """SGLang reads these once, at import (`schedule_policy.CLIP_MAX_NEW_TOKENS`) or through
-    `envs` (the `new_token_ratio` tracker, retraction): set them from the job first."""
-    s = job.server
+    `envs` (the `new_token_ratio` tracker, retraction): set them before importing SGLang."""
     os.environ["SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"] = str(s.clip_max_new_tokens)
     os.environ["SGLANG_INIT_NEW_TOKEN_RATIO"] = repr(s.init_new_token_ratio)
     os.environ["SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR"] = repr(s.min_new_token_ratio_factor)
@@ -36,7 +40,18 @@ def _env(job: Job) -> None:
     os.environ.setdefault("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", s.tree_core)
 
 
-def run_cell(job: Job, index: int, cell: Cell, model_path: Path) -> None:
+def reference_loop(
+    workload: Workload,
+    scheduler: str,
+    params: dict[str, Any],
+    preset: str,
+    server: ServerSettings,
+    model_path: Path,
+    *,
+    on_task_done: Callable[[int], None] | None = None,
+) -> ReferenceLoop:
+    """SGLang's scheduler for `scheduler` (its own policy, or the plugin's subclass), wired
+    into a virtual-clock loop over `workload`, ready to `run()`."""
     from sglang.srt.managers.scheduler import Scheduler  # type: ignore[import-not-found]
 
     from topas_bench.runners.sglang.adapter import make_scheduler_class
@@ -46,12 +61,43 @@ def run_cell(job: Job, index: int, cell: Cell, model_path: Path) -> None:
     from topas_bench.runners.sim.cost import CostModel, load_preset
     from topas_bench.schedulers.estimator import ServiceEstimator
     from topas_bench.schedulers.registry import make_policy
+
+    cost = CostModel(load_preset(preset))
+    clock = Clock()
+    loop = ReferenceLoop(
+        workload, TokenIds.of(workload), cost, clock,
+        record_timeline=server.record_timeline, on_task_done=on_task_done,
+    )  # fmt: skip
+    native = native_policy(scheduler, params)
+    base: type = Scheduler
+    if native is None:
+        base = make_scheduler_class(
+            lambda: make_policy(scheduler, **params),
+            lambda: ServiceEstimator(cost),
+            clock=clock, unix_clock=clock,
+            on_decision=lambda wall_s, waiting, d: loop.decision(
+                wall_s, waiting, len(d.admit), len(d.preempt)
+            ),
+        )  # fmt: skip
+    server_args: dict[str, Any] = {
+        "model_path": str(model_path),
+        "context_length": server.context_length,
+        "max_running_requests": server.max_running_requests,
+        "chunked_prefill_size": server.chunked_prefill_size,
+        "max_prefill_tokens": server.max_prefill_tokens,
+        "schedule_policy": native or "fcfs",
+    }
+    loop.sched = build_scheduler(
+        base, server_args, kv_tokens=server.kv_budget_tokens,
+        max_reqs=server.max_running_requests, script=loop.script, on_requeue=loop.on_requeue,
+    )  # fmt: skip
+    return loop
+
+
+def run_cell(job: Job, index: int, cell: Cell, model_path: Path) -> None:
     from topas_bench.workloads.trace import load_workload
 
     workload = load_workload(job.trace)
-    tokens = TokenIds.of(workload)
-    cost = CostModel(load_preset(job.preset))
-    clock = Clock()
     last = [0.0]
 
     def progress(done: int) -> None:
@@ -60,37 +106,10 @@ def run_cell(job: Job, index: int, cell: Cell, model_path: Path) -> None:
             last[0] = now
             print(json.dumps({"cell": index, "tasks_done": done}), flush=True)
 
-    loop = ReferenceLoop(
-        None, workload, tokens, cost, clock,
-        record_timeline=job.server.record_timeline, on_task_done=progress,
+    loop = reference_loop(
+        workload, cell.scheduler, cell.params, job.preset, job.server, model_path,
+        on_task_done=progress,
     )  # fmt: skip
-    native = native_policy(cell.scheduler, cell.params)
-    base: type
-    if native is not None:
-        base = Scheduler
-    else:
-        base = make_scheduler_class(
-            lambda: make_policy(cell.scheduler, **cell.params),
-            lambda: ServiceEstimator(cost),
-            clock=clock, unix_clock=clock,
-            on_decision=lambda wall_s, waiting, d: loop.decision(
-                wall_s, waiting, len(d.admit), len(d.preempt)
-            ),
-        )  # fmt: skip
-    s = job.server
-    server_args: dict[str, Any] = {
-        "model_path": str(model_path),
-        "context_length": s.context_length,
-        "max_running_requests": s.max_running_requests,
-        "chunked_prefill_size": s.chunked_prefill_size,
-        "max_prefill_tokens": s.max_prefill_tokens,
-        "schedule_policy": native or "fcfs",
-    }
-    sched = build_scheduler(
-        base, server_args, kv_tokens=s.kv_budget_tokens, max_reqs=s.max_running_requests,
-        script=loop.script, on_requeue=loop.on_requeue,
-    )  # fmt: skip
-    loop.sched = sched
     wall0 = time.perf_counter()
     tables = loop.run()
     wall = time.perf_counter() - wall0
@@ -104,7 +123,7 @@ def run_cell(job: Job, index: int, cell: Cell, model_path: Path) -> None:
         "cached_prompt_tokens": loop.hit_tokens,
         "iterations": loop.iterations,
     }
-    info = {"counters": counters, "sim_time_s": clock.now, "wall_s": wall}
+    info = {"counters": counters, "sim_time_s": loop.clock.now, "wall_s": wall}
     (out / "counters.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
@@ -113,7 +132,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m topas_bench.runners.sglang_cpu.driver JOB.json", file=sys.stderr)
         return 2
     job = Job.read(Path(argv[0]))
-    _env(job)
+    set_env(job.server)
     warnings.filterwarnings("ignore")
     import logging
 

@@ -27,6 +27,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # type: ignore[i
 from topas_bench.runners.sglang import metadata
 from topas_bench.runners.sglang_cpu.tokens import TokenIds
 from topas_bench.runners.sim.cost import CostModel
+from topas_bench.runners.sim.engine import Step
 from topas_bench.runners.sim.records import (
     DECISION_COLUMNS,
     REQUEST_COLUMNS,
@@ -94,7 +95,6 @@ class ReferenceLoop:
 
     def __init__(
         self,
-        sched: Any,
         workload: Workload,
         tokens: TokenIds,
         cost: CostModel,
@@ -102,8 +102,10 @@ class ReferenceLoop:
         *,
         record_timeline: bool = True,
         on_task_done: Callable[[int], None] | None = None,
+        trace: list[Step] | None = None,
     ) -> None:
-        self.sched = sched
+        self.trace = trace
+        self.sched: Any = None  # the scheduler, built with this loop's script and hooks
         self.w = workload
         self.tokens = tokens
         self.cost = cost
@@ -232,6 +234,17 @@ class ReferenceLoop:
             ctx = sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
             dur = self.cost.decode_step_s(len(batch.reqs), ctx)
             new = len(batch.reqs)
+        if self.trace is not None:
+            free = int(s.token_to_kv_pool_allocator.available_size())
+            evictable = int(s.tree_cache.evictable_size())
+            what: Any = len(batch.reqs)
+            if extend:
+                what = tuple(
+                    (r.rid, int(c), int(n))
+                    for r, c, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True)
+                )
+            kind = "prefill" if extend else "decode"
+            self.trace.append((kind, what, free, evictable, len(s.waiting_queue)))
         result = s.run_batch(batch)
         self.clock.now = start + dur
         s.process_batch_result(batch, result)

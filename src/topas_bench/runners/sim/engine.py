@@ -54,6 +54,10 @@ from topas_bench.workloads.model import Task, Workload, agent_key
 from topas_bench.workloads.pieces import Piece, take
 
 ARRIVE, READY, ITER = 0, 1, 2
+#: One iteration as it starts (its KV allocated): kind, the prefill batch's
+#: `(request, cached tokens, new tokens)` or the decode batch size, free KV, evictable cache,
+#: waiting requests. The reference engine records the same (`sglang_cpu.loop`).
+Step = tuple[str, Any, int, int, int]
 #: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX` and `WAITING_PREFIX_REFRESH_INTERVAL`.
 PREFIX_MATCH_MAX = 128
 PREFIX_REFRESH_INTERVAL = 32
@@ -73,8 +77,13 @@ class Simulator:
         cost: CostModel,
         config: SimConfig,
         on_task_done: Callable[[int], None] | None = None,
+        *,
+        trace: list[Step] | None = None,
     ) -> None:
         self.workload = workload
+        #: With a trace, every iteration is recorded (`Step`) and runs alone, one decode step
+        #: per event, for lockstep comparisons with the reference engine.
+        self.trace = trace
         self.policy = policy
         self.cost = cost
         self.cfg = config
@@ -415,6 +424,12 @@ class Simulator:
         new = sum(a.new_tokens for a in adder.batch)
         self.rec.iteration(self, "prefill", dur, 1, len(adder.batch), new)
         self.prefilling = [a.req for a in adder.batch]
+        if self.trace is not None:
+            batch = tuple(
+                (f"{a.req.task_id}/{a.req.stage_id}", a.cached_before, a.new_tokens)
+                for a in adder.batch
+            )
+            self.trace.append(self._trace_step("prefill", batch))
         self._ends = np.array([self.now + dur])
         self._begin(dur, ("prefill", adder, dur))
 
@@ -436,10 +451,15 @@ class Simulator:
         for req in self.running:
             req.private_tokens += steps
         dur = float(ends[-1]) - self.now
+        if self.trace is not None:
+            self.trace.append(self._trace_step("decode", b))
         self.rec.iteration(self, "decode", dur, steps, b, b * steps)
         self._busy = True
         self._ends = ends
         self._push(float(ends[-1]), ITER, ("decode", durs, dur))
+
+    def _trace_step(self, kind: str, batch: Any) -> Step:
+        return (kind, batch, self.free_tokens, self.cache.evictable_tokens, len(self.waiting))
 
     def _decay(self, steps: int) -> None:
         """`NewTokenRatioTracker.decay_step`, `steps` times."""
@@ -460,7 +480,7 @@ class Simulator:
         prefill before the next; else up to the first finish and the memory headroom and,
         unless the latch is set (then arrivals change nothing), the next client event."""
         k = 1
-        attempt = self.chunked is not None or (
+        attempt = self.trace is not None or self.chunked is not None or (
             self.waiting and (not self.batch_is_full or self.policy.acts_while_full)
         )
         if not attempt:
