@@ -14,6 +14,7 @@ from typer.testing import CliRunner, Result
 from topas_bench.cli import app
 from topas_bench.experiment import GROUPS, measure_capacity
 from topas_bench.results import TABLES, RunIdentity
+from topas_bench.runners.engines import engine_version
 from topas_bench.runners.sim.cost import load_preset, preset_names
 from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS
 from topas_bench.workloads.registry import WORKLOADS, generate
@@ -137,6 +138,7 @@ def test_run_writes_tables_and_run_json_matching_the_output(
             "preset": "a100-qwen32b",
             "kv_budget_tokens": A100_BUDGET,
             "engine": "sim",
+            "engine_version": engine_version("sim"),
             "workload_params": {},
             "scheduler_params": {},
             "engine_params": {},
@@ -241,8 +243,9 @@ def test_suggested_minimum_budget_is_enough(tmp_path: Path) -> None:
     base = ("run", "-w", "chain3", "-s", "fcfs", "-n", "2", "--out", tmp_path)
     result = invoke(*base, "--kv-budget", "4000")
     assert result.exit_code == 2
-    # chain3's largest call: 4,096 prefix + 256 input or output, + 256 output (max_new_tokens)
-    assert "(prompt 4,352 + output 256 tokens, max_new_tokens 256)" in result.stderr
+    # chain3's largest call: 4,096 prefix + 256 input or output, + 256 output; SGLang clips
+    # max_new_tokens to budget - prompt - 2, which must leave the whole output
+    assert "(prompt 4,352 + output 256 tokens)" in result.stderr
     found = re.search(r"raise --kv-budget to at least ([\d,]+)", result.stderr)
     assert found is not None
     least = int(found.group(1).replace(",", ""))
@@ -273,7 +276,7 @@ BAD_RUNS = [
     (
         ("--kv-budget", "100"),
         "KV budget of 100 tokens is smaller than the largest call in 'chain3' (prompt 4,352 + "
-        "output 256 tokens, max_new_tokens 256); raise --kv-budget to at least 4,610",
+        "output 256 tokens); raise --kv-budget to at least 4,610",
     ),
     (("--length-hint", "foo"), "--length-hint must be `none` or `oracle`, got 'foo'"),
     (("--engine", "foo"), "unknown engine 'foo'; known: sim"),
@@ -453,7 +456,7 @@ def test_schedulers_list() -> None:
     out = text(ok("schedulers", "list"))
     for name in SCHEDULERS.names():
         assert f"│ {name} │ {'yes' if name in BASELINES else ''}" in out
-    assert "│ fcfs │ yes │ First come, first served by queue entry" in out
+    assert "│ fcfs │ yes │ First come, first served: the queue as it stands" in out
 
 
 def test_presets_list() -> None:

@@ -6,7 +6,6 @@ event), plus the stronger lock check below; the properties are about the recorde
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pandas as pd
@@ -28,10 +27,10 @@ from topas_bench.workloads.model import (
     agent_key,
     output_key,
 )
+from topas_bench.workloads.pieces import first_token
 from topas_bench.workloads.trace import validate
 
 COST = CostModel(load_preset("h100-llama8b"))
-CLIP = SimConfig(kv_budget_tokens=1).clip_max_new_tokens
 
 
 # -- strategies -----------------------------------------------------------------------------------
@@ -92,19 +91,12 @@ def workloads(draw: st.DrawFn, max_tasks: int = 4, max_stages: int = 4) -> Workl
 
 
 def least_budget(w: Workload) -> int:
-    """The least budget that admits every call alone: `experiment.check_fits`'s
-    prompt + min(max_new_tokens, clip) + 2, plus 1 for a prompt that may be wholly cached
-    (admission then locks the whole prompt *and* charges one recomputed token; see
-    `test_engine.test_wholly_cached_prompt_at_the_least_budget`)."""
-    ends = Counter(s.prompt[-1].key for _, s in w.stages())
-    shared = {k for _, s in w.stages() for k in (p.key for p in s.prompt[:-1])}
-
-    def least(s: Stage) -> int:
-        last = s.prompt[-1].key
-        cacheable = last in shared or ends[last] > 1 or last.endswith("/out")
-        return s.prompt_tokens + min(s.max_new_tokens, CLIP) + 2 + int(cacheable)
-
-    return max(least(s) for _, s in w.stages())
+    """A budget every call fits: SGLang accepts a prompt below min(context, budget) - 6
+    (`max_req_input_len`) and clips `max_new_tokens` to budget - prompt - 2; this budget also
+    leaves every call its whole output."""
+    return max(
+        max(s.prompt_tokens + 7, s.prompt_tokens + s.output_tokens + 2) for _, s in w.stages()
+    )
 
 
 budget_slack = st.one_of(st.integers(0, 40), st.integers(0, 3000))
@@ -120,12 +112,15 @@ class CheckedSimulator(Simulator):
     def check_invariants(self) -> None:
         super().check_invariants()
         live = [*self.running, *self.prefilling]
-        for node in [*(r.lock_node for r in live), *self.cache.kept.values()]:
+        if self.chunked is not None:
+            live.append(self.chunked)
+        for node in [*(r.lock_node for r in live), *self.pins.values()]:
             n: Node | None = node
             while n is not None and n is not self.cache.root:
                 parent = n.parent
-                if not n.on_gpu or parent is None or parent.children.get(n.key) is not n:
-                    raise SimulationError(f"locked node {n.key} was evicted")
+                attached = parent is not None and parent.children.get(first_token(n.edge[0])) is n
+                if not n.on_gpu or not attached:
+                    raise SimulationError(f"locked node {n.edge[:1]} was evicted")
                 n = parent
 
 

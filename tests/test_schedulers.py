@@ -137,15 +137,17 @@ def order(policy: Policy, v: FakeView) -> list[int]:
 
 
 # -- fcfs ----------------------------------------------------------------------------------------
-def test_fcfs_orders_by_queue_entry_not_by_send_time() -> None:
-    # rid 1 was sent first but preempted, so it re-entered the queue last.
+def test_fcfs_is_the_queue_as_it_stands() -> None:
+    """SGLang's FCFS does not sort: the engine appends new, retracted and preempted requests
+    to its queue (`_add_request_to_queue`), and that order is served. Send times, ids and
+    queue-entry stamps do not reorder it."""
     waiting = [
         req(1, 9.0, ready_s=0.5, preemptions=1),
         req(2, 3.0, ready_s=3.0),
         req(3, 1.0, ready_s=1.0),
-        req(4, 3.0, ready_s=2.0),  # same queue entry as rid 2: rid breaks the tie
+        req(4, 3.0, ready_s=2.0),
     ]
-    assert order(make_policy("fcfs"), view(waiting)) == [3, 2, 4, 1]
+    assert order(make_policy("fcfs"), view(waiting)) == [1, 2, 3, 4]
 
 
 # -- lpm -----------------------------------------------------------------------------------------
@@ -155,19 +157,31 @@ def test_lpm_serves_longest_cached_prefix_first() -> None:
     assert order(LPM(), view(waiting, hits=hits)) == [2, 4, 1, 3]
 
 
-def test_lpm_breaks_equal_matches_first_come_first_served() -> None:
+def test_lpm_keeps_the_queue_order_among_equal_matches() -> None:
+    """`_sort_by_longest_prefix` is a stable sort of the queue as it stands (which earlier
+    sorts may have left out of arrival order)."""
     waiting = [req(5, 3.0), req(6, 1.0), req(7, 2.0), req(8, 1.0), req(9, 0.5)]
     hits = {5: 200, 6: 200, 7: 200, 8: 200, 9: 50}
-    assert order(LPM(), view(waiting, hits=hits)) == [6, 8, 7, 5, 9]
+    assert order(LPM(), view(waiting, hits=hits)) == [5, 6, 7, 8, 9]
+
+
+def test_lpm_matches_at_most_the_prompt_minus_one() -> None:
+    """`num_matched_prefix_tokens` is capped at len(fill) - 1 (`_compute_max_prefix_len`): a
+    wholly cached 100-token prompt ranks with a 99-token hit."""
+    waiting = [req(1, 1.0, ("p", 200)), req(2, 2.0, ("q", 100)), req(3, 3.0, ("r", 300))]
+    hits = {1: 99, 2: 100, 3: 100}
+    assert order(LPM(), view(waiting, hits=hits)) == [3, 1, 2]
 
 
 @pytest.mark.parametrize(("n", "fcfs"), [(128, False), (129, True)])
 def test_lpm_falls_back_to_fcfs_above_128_waiting(n: int, fcfs: bool) -> None:
-    # Later requests have longer matches, so LPM order is the reverse of FCFS order.
-    waiting = [req(i, float(i)) for i in range(n)]
+    """`_determine_active_policy`: above 128 waiting, no matching: the queue keeps its order
+    (here deliberately not by id or arrival)."""
+    waiting = [req(i, float(i), ("x", 400)) for i in range(n)]
+    queue = waiting[::2] + waiting[1::2]
     hits = {i: 40 + i for i in range(n)}
-    got = order(LPM(), view(waiting[::-1], hits=hits))
-    assert got == (list(range(n)) if fcfs else list(range(n))[::-1])
+    got = order(LPM(), view(queue, hits=hits))
+    assert got == ([r.rid for r in queue] if fcfs else list(range(n))[::-1])
 
 
 def test_lpm_fallback_threshold_is_a_parameter() -> None:
@@ -300,7 +314,7 @@ def test_parrot_orders_by_task_arrival() -> None:
     tasks = [old, new, twin]
     v = view(_waiting(tasks), tasks, now_s=60.0)
     assert order(make_policy("parrot"), v) == [3, 2, 5, 4]
-    assert order(make_policy("fcfs"), v) == [4, 5, 3, 2]  # for contrast
+    assert order(make_policy("fcfs"), v) == [r.rid for r in _waiting(tasks)]  # the queue
 
 
 # -- autellix ------------------------------------------------------------------------------------
@@ -353,8 +367,9 @@ def test_autellix_promotes_starved_calls(now_s: float, expected: list[int]) -> N
 
 
 # -- determinism ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", [b for b in BASELINES if b not in ("fcfs", "lpm")])
 def test_ties_break_on_rid_whatever_the_queue_order(name: str) -> None:
+    """Policies that sort (SGLang's own FCFS and LPM keep the queue's order instead)."""
     t = FakeTask("t", 0.0)
     for rid, sid in zip((7, 3, 11, 5), ("s0", "s1", "s2", "s3"), strict=True):
         t.add(sid, StageState.WAITING, rid=rid, queued_s=1.0)

@@ -97,11 +97,14 @@ def test_tracker_follows_the_dag() -> None:
     now[0] = 101.0
     tr.sync([], [a])
     assert t.stages["s0"].state == StageState.RUNNING and tr.requests["r0"].admitted_s == 101.0
+    tr.served(a, 1.0)  # a batch of 1 s it was in: attained service
     now[0] = 102.0
-    tr.sync([a], [])  # back in the queue: preempted
+    tr.requeued(a)  # back in the queue: preempted (the adapter's `_add_request_to_queue`)
     ra = tr.requests["r0"]
     assert ra.preemptions == 1 and ra.queued_s == 102.0 and ra.service_s == 1.0
     assert t.attained_s == 1.0
+    tr.sync([a], [])  # already known to be waiting: no second preemption
+    assert ra.preemptions == 1
     tr.sync([], [a])
     a.output_ids.extend([1, 2, 3, 4])
     a.done = True

@@ -105,7 +105,7 @@ def plan_run(
     else:
         rate = rate_per_s if rate_per_s is not None else spec.default_rate_per_s
     w = generate(workload, num_tasks=num_tasks, rate_per_s=rate, seed=seed, **wparams)
-    check_fits(w, budget)
+    check_fits(w, budget, sim.context_length)
     problems = validate(w, kv_budget_tokens=budget)
     if problems:
         p = problems[0]
@@ -130,23 +130,26 @@ def plan_run(
     )  # fmt: skip
 
 
-def check_fits(
-    w: Workload, kv_budget_tokens: int, clip_max_new_tokens: int = SimConfig.clip_max_new_tokens
-) -> None:
-    """Every call must be admissible alone on an idle server. Admission (`PrefillAdder.need`)
-    charges prompt + min(max_new_tokens, clip) + 1 tokens and needs that strictly below the
-    budget, so the least budget is prompt + min(max_new_tokens, clip) + 2."""
+def check_fits(w: Workload, kv_budget_tokens: int, context_length: int = 32768) -> None:
+    """Every call must be one the server serves whole: SGLang refuses a prompt of at least
+    `min(context_length - 1, kv_budget - 1) - 5` tokens (`TpModelWorker.get_worker_info`)
+    and clips `max_new_tokens` to `min(context_length, kv_budget) - prompt - 2`
+    (`Scheduler.init_req_max_new_tokens`), which must leave the call its output."""
 
     def least(s: Stage) -> int:
-        return s.prompt_tokens + min(s.max_new_tokens, clip_max_new_tokens) + 2
+        return max(
+            s.prompt_tokens + 7, s.prompt_tokens + min(s.output_tokens, s.max_new_tokens) + 2
+        )
 
     stage = max((s for _, s in w.stages()), key=least)
     need = least(stage)
-    if need > kv_budget_tokens:
+    if need > min(kv_budget_tokens, context_length):
+        what = "KV budget" if kv_budget_tokens <= context_length else "context length"
+        have = min(kv_budget_tokens, context_length)
         raise TopasError(
-            f"KV budget of {kv_budget_tokens:,} tokens is smaller than the largest call in "
-            f"{w.name!r} (prompt {stage.prompt_tokens:,} + output {stage.output_tokens:,} tokens, "
-            f"max_new_tokens {stage.max_new_tokens:,}); raise --kv-budget to at least {need:,}"
+            f"{what} of {have:,} tokens is smaller than the largest call in {w.name!r} "
+            f"(prompt {stage.prompt_tokens:,} + output {stage.output_tokens:,} tokens); raise "
+            f"--kv-budget to at least {need:,}"
             + (
                 f", or lower --workload-param context_tokens (now {w.params['context_tokens']:,}"
                 ", MetaGPT's memory cut) to about 0.8 x the budget"

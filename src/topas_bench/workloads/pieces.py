@@ -24,7 +24,9 @@ def pieces(segments: Sequence[Segment]) -> list[Piece]:
     return [(s.key, 0, s.tokens) for s in segments if s.tokens > 0]
 
 
-def fill_pieces(prompt: Sequence[Segment], task_id: str, stage_id: str, generated: int) -> list[Piece]:
+def fill_pieces(
+    prompt: Sequence[Segment], task_id: str, stage_id: str, generated: int
+) -> list[Piece]:
     """A request's `fill_ids` (SGLang): its prompt, then the output tokens it has produced."""
     out = pieces(prompt)
     if generated > 0:

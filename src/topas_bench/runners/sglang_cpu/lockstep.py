@@ -11,6 +11,7 @@ over-commits and decode retracts), long prompts (chunked prefill), a small KV bu
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -131,7 +132,6 @@ def compare(seed: int, scheduler: str, *, tasks: int = 40, kv: int = 2600) -> di
 def _retractions(trace: list[Step]) -> int:
     """Decode batches that shrank without a finish-free explanation: a lower bound."""
     return sum(
-        1 for a, b in zip(trace, trace[1:], strict=False)
+        1 for a, b in itertools.pairwise(trace)
         if a[0] == b[0] == "decode" and b[1] < a[1] and b[4] > a[4]
     )  # fmt: skip
-

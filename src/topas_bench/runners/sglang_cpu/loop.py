@@ -241,7 +241,9 @@ class ReferenceLoop:
             if extend:
                 what = tuple(
                     (r.rid, int(c), int(n))
-                    for r, c, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True)
+                    for r, c, n in zip(
+                        batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True
+                    )
                 )
             kind = "prefill" if extend else "decode"
             self.trace.append((kind, what, free, evictable, len(s.waiting_queue)))

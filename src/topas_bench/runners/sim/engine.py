@@ -256,7 +256,9 @@ class Simulator:
             self.batch_is_full = True
             return None
         decision = self._calc_priority()
-        adder = PrefillAdder(self.cache, lambda: self.free_tokens, self.running, self.ratio, self.cfg)
+        adder = PrefillAdder(
+            self.cache, lambda: self.free_tokens, self.running, self.ratio, self.cfg
+        )
         preempted = self._apply_preemptions(decision, adder)
         still_chunked = self.chunked is not None and adder.add_chunked(self.chunked)
         admit = None if decision is None else {r.rid for r in decision.admit}
@@ -324,7 +326,9 @@ class Simulator:
             self._keep(decision.keep_prefixes)
         return decision
 
-    def _apply_preemptions(self, decision: Decision | None, adder: PrefillAdder) -> list[SimRequest]:
+    def _apply_preemptions(
+        self, decision: Decision | None, adder: PrefillAdder
+    ) -> list[SimRequest]:
         """The plugin's adder releases the policy's preemptions first (`preempt_to_schedule`)."""
         if decision is None or not decision.preempt:
             return []
@@ -343,7 +347,7 @@ class Simulator:
         for agent in [a for a in self.pins if a not in agents]:
             self.cache.unlock(self.pins.pop(agent))
         clip = self.cfg.clip_max_new_tokens
-        room = self.free_tokens + self.cache.evictable_tokens
+        room: float = self.free_tokens + self.cache.evictable_tokens
         room -= sum(running_offset(r, self.ratio, clip) for r in self.running)
         for agent in sorted(agents - self.pins.keys()):
             tokens = self.prefix_tokens.get(agent, 0)
@@ -480,8 +484,10 @@ class Simulator:
         prefill before the next; else up to the first finish and the memory headroom and,
         unless the latch is set (then arrivals change nothing), the next client event."""
         k = 1
-        attempt = self.trace is not None or self.chunked is not None or (
-            self.waiting and (not self.batch_is_full or self.policy.acts_while_full)
+        attempt = (
+            self.trace is not None
+            or self.chunked is not None
+            or (self.waiting and (not self.batch_is_full or self.policy.acts_while_full))
         )
         if not attempt:
             k = min(r.remaining_output for r in self.running)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from topas_bench.workloads.pieces import Piece, common, first_token, length, take
 
+
 class Node:
     __slots__ = ("children", "edge", "last_access", "lock", "on_gpu", "on_host", "parent", "tokens")
 
