@@ -170,7 +170,11 @@ def run(
         typer.Option("--scheduler-param", help="Scheduler parameter, name.key=value (repeatable)."),
     ] = None,
     engine: Annotated[
-        str, typer.Option(help="Engine: `sim` (the simulator) or `sglang` (real servers).")
+        str,
+        typer.Option(
+            help="Engine: `sim` (the simulator), `sglang-cpu` (SGLang's own scheduler on CPU, "
+            "the reference; `make sglang-env`) or `sglang` (real servers)."
+        ),
     ] = "sim",
     model: Annotated[
         str | None, typer.Option(help="sglang: model path; one server per scheduler.")
@@ -197,21 +201,24 @@ def run(
       topas-bench run --workload metagpt-tl
       topas-bench run -w dag4 -s fcfs,lpm --load 0.8 -n 500 --seed 3
       topas-bench run -w chain3 --kv-budget 40000 --out runs/big-kv
+      topas-bench run -w metagpt-tl -s fcfs,topas --engine sglang-cpu -n 50
       topas-bench run -w dag4 -s fcfs,topas --engine sglang --model /models/Qwen2.5-32B-Instruct
     """
     from topas_bench.analysis.console import print_plan, print_run_table
     from topas_bench.experiment import parse_schedulers, plan_run, run_cell
+    from topas_bench.runners.engines import ENGINES
 
-    if engine not in ("sim", "sglang"):
-        raise TopasError(f"unknown engine {engine!r}; known: sim, sglang")
+    ENGINES.get(engine)  # an unknown engine: one line naming the known ones
     if length_hint not in ("none", "oracle"):
         raise TopasError(f"--length-hint must be `none` or `oracle`, got {length_hint!r}")
-    if engine == "sim":
+    if engine != "sglang":
         given = {"--model": model, "--endpoint": endpoint, "--sglang-arg": sglang_arg,
                  "--server-python": server_python}  # fmt: skip
         for flag, value in given.items():
             if value:
-                raise TopasError(f"{flag} is for --engine sglang; the simulator does not use it")
+                raise TopasError(
+                    f"{flag} is for --engine sglang; --engine {engine} does not use it"
+                )
     names = parse_schedulers(scheduler)
     plan = plan_run(
         workload=workload, schedulers=names, num_tasks=tasks, seed=seed, rate_per_s=rate,
@@ -220,7 +227,12 @@ def run(
         host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
         workload_params=parse_assignments(workload_param or [], "--workload-param"),
         scheduler_params=parse_scheduler_params(scheduler_param or []),
+        engine="sim" if engine == "sglang" else engine,
     )  # fmt: skip
+    if engine == "sglang-cpu":
+        from topas_bench.runners.sglang_cpu.engine import check_plan
+
+        check_plan(plan)  # the venv and the settings, before anything starts
     if engine == "sglang":
         from topas_bench.runners.sglang.runner import options
         from topas_bench.runners.sglang.runner import print_plan as print_sglang_plan
@@ -447,10 +459,12 @@ def presets_show(
     print_preset(out, load_preset(name))
 
 
-# sweep, report, figures, compare live in cli_analysis (it imports the helpers above).
-from topas_bench import cli_analysis  # noqa: E402
+# sweep, report, figures, compare live in cli_analysis, fidelity in cli_fidelity (they import
+# the helpers above).
+from topas_bench import cli_analysis, cli_fidelity  # noqa: E402
 
 cli_analysis.register(app)
+cli_fidelity.register(app)
 from topas_bench.runners.sglang import cli as sglang_cli  # noqa: E402
 
 sglang_cli.register(app)

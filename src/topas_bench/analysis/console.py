@@ -54,7 +54,7 @@ def print_plan(console: Console, plan: RunPlan) -> None:
         f"workload {plan.workload_name}: {plan.num_tasks} tasks, seed {plan.seed}, {rate}"
     )
     console.print(
-        f"engine sim, preset {plan.preset.name} ({plan.preset.gpu.name}, "
+        f"engine {plan.engine}, preset {plan.preset.name} ({plan.preset.gpu.name}, "
         f"{plan.preset.model.name}), {budget_line(plan)}"
     )
     if plan.sim.length_hint == "oracle":
