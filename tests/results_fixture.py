@@ -60,10 +60,10 @@ def write_one(
         "jct_s": [float(j) for j in jcts], "stages": 3, "attained_s": 1.0,
     })  # fmt: skip
     timeline = pd.DataFrame(
-        [(0.0, "prefill", 1, 1.0, 1, 100, 5000, 4000, 1000, 2, "A"),
-         (1.0, "decode", 10, 4.0, 2, 20, 9000, 8000, 1000, 1, "A|B"),
-         (5.0, "prefill", 1, 2.0, 1, 100, 12000, 9000, 3000, 0, "B|C"),
-         (7.0, "decode", 5, 3.0, 1, 5, 6000, 5000, 1000, 0, "")],
+        [(0.0, "prefill", 1, 1.0, 1, 100, 5000, 4000, 1000, 2, "A", 1),
+         (1.0, "decode", 10, 4.0, 2, 20, 9000, 8000, 1000, 1, "A|B", 2),
+         (5.0, "prefill", 1, 2.0, 1, 100, 12000, 9000, 3000, 0, "B|C", 1),
+         (7.0, "decode", 5, 3.0, 1, 5, 6000, 5000, 1000, 0, "", 1)],
         columns=TIMELINE_COLUMNS,
     )  # fmt: skip
     decisions = pd.DataFrame(

@@ -215,7 +215,7 @@ def _add(name: str, description: str, module: str, attr: str, capacity_tps: floa
 
 
 _add("chain3", "3 agents in a chain A -> B -> C; fixed lengths", "synthetic", "make_chain3", 0.283)
-_add("dag4", "diamond A -> {B, C} -> D; fixed lengths", "synthetic", "make_dag4", 0.0936)
+_add("dag4", "diamond A -> {B, C} -> D; fixed lengths", "synthetic", "make_dag4", 0.0926)
 _add(
     "dag10-wide", "planner -> 8 workers -> joiner; fixed lengths", "synthetic",
     "make_dag10_wide", 0.0160,
@@ -223,8 +223,8 @@ _add(
 _add("metagpt-sop", "MetaGPT SOP: 5-role chain, PRD to tests", "metagpt", "make_sop", 0.0984)
 _add(
     "metagpt-tl", "MetaGPT TeamLeader: 9-stage star, append-only TL memory", "metagpt",
-    "make_tl", 0.00588,
+    "make_tl", 0.00591,
 )  # fmt: skip
-_add("metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00767)
-_add("metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00159)
+_add("metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00763)
+_add("metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00155)
 _add("metagpt-replay", "a recorded MetaGPT run, replayed", "metagpt_replay", "make_replay", 0.0295)

@@ -298,11 +298,11 @@ def timeline_from_log(text: str) -> pd.DataFrame:
     b = parse_log(text)
     rows: list[tuple[Any, ...]] = [
         (r.t_s, "prefill", 1, r.duration_s, r.seqs, r.new, math.nan, math.nan, math.nan,
-         r.queue, "")
+         r.queue, "", math.nan)
         for r in b.prefill.itertuples()
     ] + [
         (r.t_s, "decode", 1, r.step_s, r.running, r.running, r.tokens, math.nan, math.nan,
-         r.queue, "")
+         r.queue, "", math.nan)
         for r in b.decode.itertuples()
     ]  # fmt: skip
     rows.sort(key=lambda x: float(x[0]))

@@ -259,7 +259,7 @@ class ReferenceLoop:
             call.task.attained_s += dur
             if call.first_token_s is None and len(req.output_ids) > 0:
                 call.first_token_s = self.clock.now
-        self._timeline_row("prefill" if extend else "decode", dur, len(reqs), new)
+        self._timeline_row("prefill" if extend else "decode", dur, reqs, new)
         for req in reqs:
             if req.finished() and self.calls[req.rid].finish_s is None:
                 self._finish(self.calls[req.rid], len(req.output_ids))
@@ -291,10 +291,12 @@ class ReferenceLoop:
             if self.on_task_done is not None:
                 self.on_task_done(self.done_tasks)
 
-    def _timeline_row(self, kind: str, dur: float, batch: int, new: int) -> None:
+    def _timeline_row(self, kind: str, dur: float, reqs: list[Any], new: int) -> None:
         if not self.record_timeline:
             return
         s = self.sched
+        batch = len(reqs)
+        agents = len({self.calls[r.rid].agent for r in reqs})
         budget = int(s.max_total_num_tokens)
         free = int(s.token_to_kv_pool_allocator.available_size())
         cache = int(s.tree_cache.evictable_size()) + int(s.tree_cache.protected_size())
@@ -305,16 +307,16 @@ class ReferenceLoop:
         # simulator's closed-form decode runs do.
         if (
             kind == "decode" and last is not None and last[1] == "decode"
-            and last[4] == batch and last[9] == waiting
+            and last[4] == batch and last[9] == waiting and last[11] == agents
         ):  # fmt: skip
             self._timeline[-1] = (
                 last[0], "decode", last[2] + 1, last[3] + dur, batch, last[5] + new, used,
-                cache, used - cache, waiting, last[10],
+                cache, used - cache, waiting, last[10], agents,
             )  # fmt: skip
             return
         self._timeline.append(
             (self.clock.now - dur, kind, 1, dur, batch, new, used, cache, used - cache, waiting,
-             self._resident())
+             self._resident(), agents)
         )  # fmt: skip
 
     def _resident(self) -> str:

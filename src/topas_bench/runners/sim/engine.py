@@ -426,7 +426,8 @@ class Simulator:
         load = sum(a.match.host_tokens for a in adder.batch if a.match is not None)
         dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
         new = sum(a.new_tokens for a in adder.batch)
-        self.rec.iteration(self, "prefill", dur, 1, len(adder.batch), new)
+        agents = len({a.req.agent for a in adder.batch})
+        self.rec.iteration(self, "prefill", dur, 1, len(adder.batch), new, agents)
         self.prefilling = [a.req for a in adder.batch]
         if self.trace is not None:
             batch = tuple(
@@ -457,7 +458,8 @@ class Simulator:
         dur = float(ends[-1]) - self.now
         if self.trace is not None:
             self.trace.append(self._trace_step("decode", b))
-        self.rec.iteration(self, "decode", dur, steps, b, b * steps)
+        agents = len({r.agent for r in self.running})
+        self.rec.iteration(self, "decode", dur, steps, b, b * steps, agents)
         self._busy = True
         self._ends = ends
         self._push(float(ends[-1]), ITER, ("decode", durs, dur))

@@ -27,7 +27,7 @@ REQUEST_COLUMNS = [
 TASK_COLUMNS = ["task_id", "workflow", "arrival_s", "finish_s", "jct_s", "stages", "attained_s"]
 TIMELINE_COLUMNS = [
     "t_s", "kind", "steps", "duration_s", "batch", "new_tokens", "kv_used_tokens",
-    "kv_cache_tokens", "kv_private_tokens", "waiting", "resident_agents",
+    "kv_cache_tokens", "kv_private_tokens", "waiting", "resident_agents", "batch_agents",
 ]  # fmt: skip
 DECISION_COLUMNS = ["t_s", "wall_s", "waiting", "admit", "preempt"]
 
@@ -59,8 +59,11 @@ class Recorder:
         self.hit_tokens = 0
 
     def iteration(
-        self, sim: Simulator, kind: str, duration_s: float, steps: int, batch: int, new: int
-    ) -> None:
+        self, sim: Simulator, kind: str, duration_s: float, steps: int, batch: int, new: int,
+        agents: int,
+    ) -> None:  # fmt: skip
+        """One iteration (or a closed-form run of `steps` decode steps): `batch` requests of
+        `agents` distinct agents."""
         self.iterations += steps
         if not self._timeline_on:
             return
@@ -72,7 +75,7 @@ class Recorder:
         used = cache.gpu_tokens + sim.private_tokens
         self._timeline.append(
             (sim.now, kind, steps, duration_s, batch, new, used, cache.gpu_tokens,
-             sim.private_tokens, len(sim.waiting), resident)
+             sim.private_tokens, len(sim.waiting), resident, agents)
         )  # fmt: skip
 
     def admission(self, prompt_tokens: int, hit_tokens: int) -> None:
