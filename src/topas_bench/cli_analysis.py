@@ -18,7 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from topas_bench.cli import (
+from topas_bench.cli_common import (
     check_out_dir,
     err,
     handles_errors,

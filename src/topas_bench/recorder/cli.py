@@ -1,22 +1,18 @@
 """`topas-bench trace ...`: import recorded MetaGPT call traces, record new ones.
 
-Registered in `topas_bench.cli` as a sub-app. The shared consoles and error handling of
-`topas_bench.cli` are imported when a command runs (no import cycle at load time).
+Registered in `topas_bench.cli` as a sub-app; the consoles and error handling come from
+`topas_bench.cli_common`.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated
 
 import typer
 
+from topas_bench.cli_common import handles_errors, out
 from topas_bench.workloads.model import Workload
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 trace_app = typer.Typer(
     no_args_is_help=True,
@@ -24,22 +20,11 @@ trace_app = typer.Typer(
 )
 
 
-def _handled(fn: Callable[P, R]) -> Callable[P, R]:
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        from topas_bench.cli import handles_errors
-
-        return handles_errors(fn)(*args, **kwargs)
-
-    return wrapper
-
-
 def _default_out(path: Path) -> Path:
     return Path(path.name.removesuffix(".jsonl") + ".workload.jsonl")
 
 
 def _write(w: Workload, output: Path) -> None:
-    from topas_bench.cli import out
     from topas_bench.workloads.trace import dump_workload
 
     dump_workload(w, output)
@@ -49,7 +34,7 @@ def _write(w: Workload, output: Path) -> None:
 
 
 @trace_app.command("import")
-@_handled
+@handles_errors
 def trace_import(
     file: Annotated[Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).")],
     output: Annotated[
@@ -87,7 +72,7 @@ def trace_import(
 
 
 @trace_app.command("record")
-@_handled
+@handles_errors
 def trace_record(
     idea: Annotated[str, typer.Option(help="The one-line software idea to build.")],
     base_url: Annotated[
@@ -124,7 +109,6 @@ def trace_record(
       topas-bench trace record --workflow tl --metagpt-src ../MetaGPT --idea "a 2048 game" \\
         --base-url http://127.0.0.1:30000/v1 --model qwen -o tl-calls.jsonl
     """
-    from topas_bench.cli import out
     from topas_bench.recorder.record import record
     from topas_bench.workloads.metagpt_import import import_trace
 
