@@ -56,7 +56,12 @@ app.add_typer(trace_app, name="trace")
 @handles_errors
 def run(
     workload: Annotated[
-        str, typer.Option("--workload", "-w", help="Workload name (see `workloads list`).")
+        str,
+        typer.Option(
+            "--workload",
+            "-w",
+            help="Workload name (see `workloads list`) or a trace file (docs/workload-format.md).",
+        ),
     ] = "metagpt-tl",
     scheduler: Annotated[
         str,
@@ -74,7 +79,10 @@ def run(
         float | None,
         typer.Option(help="Arrival rate as a fraction of measured capacity (instead of --rate)."),
     ] = None,
-    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Number of tasks.")] = 200,
+    tasks: Annotated[
+        int | None,
+        typer.Option("--tasks", "-n", help="Number of tasks (default: 200; a file: all of its)."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the workload sample.")] = 0,
     preset: Annotated[
         str,
@@ -133,6 +141,7 @@ def run(
       topas-bench run --workload metagpt-tl
       topas-bench run -w dag4 -s fcfs,lpm --load 0.8 -n 500 --seed 3
       topas-bench run -w chain3 --kv-budget 40000 --out runs/big-kv
+      topas-bench run -w my-trace.jsonl -s fcfs,topas        # a trace file, as recorded
       topas-bench run -w dag4 -s fcfs,topas --engine sglang --model /models/Qwen2.5-32B-Instruct
     """
     from topas_bench.analysis.console import print_plan, print_run_table
@@ -148,14 +157,17 @@ def run(
         for flag, value in given.items():
             if value:
                 raise TopasError(f"{flag} is for --engine sglang; the simulator does not use it")
+    from topas_bench.workloads.registry import run_defaults
+
     names = parse_schedulers(scheduler)
+    wparams = parse_assignments(workload_param or [], "--workload-param")
     plan = plan_run(
-        workload=workload, schedulers=names, num_tasks=tasks, seed=seed, rate_per_s=rate,
+        workload=workload, schedulers=names, seed=seed, rate_per_s=rate,
+        num_tasks=tasks if tasks is not None else run_defaults(workload, wparams)[0],
         load=load, preset=preset, kv_budget_tokens=kv_budget,
         length_hint="oracle" if length_hint == "oracle" else "none",
         host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
-        workload_params=parse_assignments(workload_param or [], "--workload-param"),
-        scheduler_params=parse_scheduler_params(scheduler_param or []),
+        workload_params=wparams, scheduler_params=parse_scheduler_params(scheduler_param or []),
     )  # fmt: skip
     if engine == "sglang":
         from topas_bench.runners.sglang.runner import options
@@ -279,7 +291,7 @@ def workloads_list() -> None:
 @workloads_app.command("show")
 @handles_errors
 def workloads_show(
-    name: Annotated[str, typer.Argument(help="Workload name.")],
+    name: Annotated[str, typer.Argument(help="Workload name or trace file.")],
     seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
     workload_param: Annotated[
         list[str] | None, typer.Option("--workload-param", help="key=value override (repeatable).")
@@ -299,9 +311,12 @@ def workloads_show(
 @workloads_app.command("export")
 @handles_errors
 def workloads_export(
-    name: Annotated[str, typer.Argument(help="Workload name.")],
+    name: Annotated[str, typer.Argument(help="Workload name or trace file.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write (JSONL).")],
-    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Number of tasks.")] = 100,
+    tasks: Annotated[
+        int | None,
+        typer.Option("--tasks", "-n", help="Number of tasks (default: 200, as `run`)."),
+    ] = None,
     rate: Annotated[
         float | None, typer.Option(help="Arrival rate, tasks/s (default: the workload's).")
     ] = None,
@@ -314,11 +329,12 @@ def workloads_export(
 
     Example: topas-bench workloads export dag4 -n 50 -o dag4.jsonl
     """
-    from topas_bench.workloads.registry import generate
+    from topas_bench.workloads.registry import generate, run_defaults
     from topas_bench.workloads.trace import dump_workload
 
     params = parse_assignments(workload_param or [], "--workload-param")
-    w = generate(name, num_tasks=tasks, rate_per_s=rate, seed=seed, **params)
+    n = tasks if tasks is not None else run_defaults(name, params)[0]
+    w = generate(name, num_tasks=n, rate_per_s=rate, seed=seed, **params)
     dump_workload(w, output)
     out.print(f"wrote {output}: {len(w.tasks)} tasks, {sum(len(t.stages) for t in w.tasks)} calls")
 
@@ -332,13 +348,15 @@ def workloads_validate(
         typer.Option("--kv-budget", help="Also check every call fits this KV budget (tokens)."),
     ] = None,
 ) -> None:
-    """Validate a trace file and report every problem with its line and field.
+    """Validate a trace file against the format's JSON Schema (docs/workload-format.md), then
+    its DAG, agents and keys; report every problem with its line and field.
 
     Example: topas-bench workloads validate dag4.jsonl --kv-budget 18692
     """
-    from topas_bench.workloads.trace import load_workload
+    from topas_bench.workloads.schema import validate_text
+    from topas_bench.workloads.trace import read_text
 
-    w = load_workload(path, kv_budget_tokens=kv_budget)
+    w = validate_text(read_text(path), source=str(path), kv_budget_tokens=kv_budget)
     calls = sum(len(t.stages) for t in w.tasks)
     out.print(f"{path}: valid: {len(w.tasks)} tasks, {calls} calls, {len(w.agents)} agents")
 

@@ -120,7 +120,7 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
     return {
         "group": key,
         "group_label": group_label(ident, load),
-        "workload": ident.workload,
+        "workload": workload_label(ident),
         "preset": ident.preset,
         "kv_budget_tokens": ident.kv_budget_tokens,
         "rate_per_s": ident.rate_per_s,
@@ -131,6 +131,12 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
         "seed": ident.seed,
         "workload_digest": digest,
     }
+
+
+def workload_label(ident: RunIdentity) -> str:
+    """The workload's name; a trace file (the `trace` workload) by its file name."""
+    file = ident.workload_params.get("file") if ident.workload == "trace" else None
+    return Path(str(file)).name if file else ident.workload
 
 
 def scheduler_label(name: str, params: dict[str, Any]) -> str:

@@ -21,7 +21,8 @@ trace_app = typer.Typer(
 
 
 def _default_out(path: Path) -> Path:
-    return Path(path.name.removesuffix(".jsonl") + ".workload.jsonl")
+    """`<FILE>.workload.jsonl` beside FILE (never silently into the current directory)."""
+    return path.with_name(path.name.removesuffix(".jsonl") + ".workload.jsonl")
 
 
 def _write(w: Workload, output: Path) -> None:
@@ -30,7 +31,12 @@ def _write(w: Workload, output: Path) -> None:
     dump_workload(w, output)
     calls = sum(len(t.stages) for t in w.tasks)
     prefixes = ", ".join(f"{a.name} {a.prefix_tokens}" for a in w.agents)
-    out.print(f"wrote {output}: {len(w.tasks)} task(s), {calls} calls; agent prefixes: {prefixes}")
+    out.print(
+        f"wrote {output}: {len(w.tasks)} task(s), {calls} calls, prefix mode "
+        f"{w.params.get('prefix_mode', '-')}; agent prefixes: {prefixes}",
+        markup=False,
+    )
+    out.print(f"run it: topas-bench run -w {output}", markup=False)
 
 
 @trace_app.command("import")
@@ -40,7 +46,9 @@ def trace_import(
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="Workload trace to write (default: <FILE>.workload.jsonl here)."
+            "--output",
+            "-o",
+            help="Workload trace to write (default: <FILE>.workload.jsonl beside FILE).",
         ),
     ] = None,
     tasks: Annotated[int, typer.Option("--tasks", "-n", help="Replicate the job as N tasks.")] = 1,
@@ -49,8 +57,12 @@ def trace_import(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrivals.")] = 0,
     prefix_mode: Annotated[
-        str, typer.Option(help="`faithful` (as recorded) or `cache-friendly` (timestamps frozen).")
-    ] = "faithful",
+        str,
+        typer.Option(
+            help="`cache-friendly` (system prompts whole, timestamps frozen, SOP templates in "
+            "front of the content, as the MetaGPT workloads) or `faithful` (as recorded)."
+        ),
+    ] = "cache-friendly",
     kv_budget: Annotated[
         int | None, typer.Option("--kv-budget", help="Also check every call fits this KV budget.")
     ] = None,
@@ -84,7 +96,8 @@ def trace_record(
         Path, typer.Option("--output", "-o", help="Call trace to write (JSONL).")
     ] = Path("metagpt-calls.jsonl"),
     workload_output: Annotated[
-        Path | None, typer.Option(help="Imported workload (default: <OUTPUT>.workload.jsonl here).")
+        Path | None,
+        typer.Option(help="Imported workload (default: <OUTPUT>.workload.jsonl beside OUTPUT)."),
     ] = None,
     keep_text: Annotated[bool, typer.Option(help="Also store prompts and completions.")] = False,
     run_tests: Annotated[bool, typer.Option(help="sop: hire the QaEngineer too.")] = False,
