@@ -15,7 +15,8 @@ from results_fixture import DECISION_WALL_S, identity, write_fixture, write_one
 from topas_bench.analysis.bootstrap import mean_ci, reduction_ci
 from topas_bench.analysis.collect import collect
 from topas_bench.analysis.figures import write_figures
-from topas_bench.analysis.report import build_report, to_markdown, write_report
+from topas_bench.analysis.render import to_markdown, write_report
+from topas_bench.analysis.report import build_report
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
 
@@ -59,9 +60,13 @@ def test_report_values_by_hand(tree: Path) -> None:
     assert topas["reduction_mean"] == pytest.approx(1 - 20 / 27.5)
     assert (topas["reduction_mean_lo"], topas["reduction_mean_hi"]) == pytest.approx((0.2, 1 / 3))
     assert topas["reduction_p99"] == pytest.approx(1 - 34.55 / 44.7)
-    assert np.isnan(fcfs["reduction_mean"])  # baselines are not reduced against themselves
+    assert fcfs["reduction_mean"] == pytest.approx(1 - 30 / 27.5)  # a baseline vs the best
+    best = (lpm["reduction_mean"], lpm["reduction_mean_lo"], lpm["reduction_mean_hi"])
+    assert best == (0.0, 0.0, 0.0)
     assert (topas["paper_reduction_mean"], topas["paper_reduction_p99"]) == (0.275, 0.317)
     assert np.isnan(row(rep.rows, "topas-base")["paper_reduction_mean"])
+    # the paper's figures stand only beside runs in its setting (load 0.8), not at load 0.6
+    assert np.isnan(row(rep.rows, "topas", load=0.6)["paper_reduction_mean"])
     # throughput: 4 tasks from the first arrival (0) to the last finish (43 and 53)
     assert fcfs["throughput_tps"] == pytest.approx((4 / 43 + 4 / 53) / 2)
     assert fcfs["prefix_hit_rate"] == pytest.approx((0.5 + 0.3) / 2)
@@ -73,12 +78,14 @@ def test_report_values_by_hand(tree: Path) -> None:
 
 def test_markdown_and_csv(tree: Path, tmp_path: Path) -> None:
     rep = build_report(collect(tree))
-    md = to_markdown(rep)
+    md = " ".join(to_markdown(rep).split())  # tables are padded: compare words
     assert "## TOPAS vs the best baseline" in md and "## chain3" in md
     assert "| topas | 20.0 [20.0, 20.0] |" in md
     assert "27.3% [20.0%, 33.3%]" in md and "27.5%" in md and "31.7%" in md
     assert "Best baseline: mean JCT `lpm`, p99 JCT `fcfs`." in md
-    md_path, csv_path = write_report(rep, tmp_path)
+    assert "| lpm | 27.5 [25.0, 30.0] |" in md and "| best | best |" not in md
+    md_path, csv_path, stages_path = write_report(rep, tmp_path)
+    assert stages_path.name == "report-stages.csv"
     assert md_path.read_text().startswith("# topas-bench report")
     csv = pd.read_csv(csv_path)
     assert len(csv) == 7 and {"mean_jct_s_lo", "reduction_p99", "paper_reduction_mean"} <= set(

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topas_bench.analysis.metrics import RunTables, summarize
+from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.errors import TopasError
 from topas_bench.results import RunIdentity, read_meta, reusable, write_run
 from topas_bench.runners.sim.config import LengthHint, SimConfig
 from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
 from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS, make_policy
+from topas_bench.unloaded import with_unloaded_jct
 from topas_bench.workloads.model import Stage, Workload
 from topas_bench.workloads.registry import generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
@@ -232,13 +233,15 @@ def run_cell(
         "cached_prompt_tokens": float(res.cached_tokens),
         "iterations": float(res.iterations),
     }
-    summary = summarize(RunTables(res.tasks, res.requests, res.decisions, counters))
+    tasks = with_unloaded_jct(res.tasks, plan.workload, plan.preset, plan.sim)  # for goodput
+    recorded = run_info(RunTables(tasks, res.requests, res.decisions, counters))
+    summary = recorded["summary"]
     tables = {
-        "requests": res.requests, "tasks": res.tasks,
+        "requests": res.requests, "tasks": tasks,
         "timeline": res.timeline, "decisions": res.decisions,
     }  # fmt: skip
     info = {
-        "summary": summary,
+        **recorded,
         "counters": counters,
         "sim_time_s": res.sim_time_s,
         "wall_s": res.wall_s,

@@ -256,8 +256,9 @@ def _finish(
     done: dict[str, tuple[list[Any], list[list[Any]]]], server: Server | None, wall_s: float,
     attempted: int,
 ) -> CellResult:  # fmt: skip
-    from topas_bench.analysis.metrics import RunTables, summarize
+    from topas_bench.analysis.metrics import RunTables, run_info
     from topas_bench.experiment import CellResult
+    from topas_bench.unloaded import with_unloaded_jct
 
     ok_rows = [task[:-1] for task, _ in done.values() if task[-1]]
     req_rows = [tuple(r) for _, reqs in done.values() for r in reqs]
@@ -281,7 +282,10 @@ def _finish(
         "server_restarts": float(server.restarts if server is not None else 0),
         "preemptions": math.nan,  # not visible to a client
     }
-    summary = summarize(RunTables(tasks, requests, tables["decisions"], counters))
+    tasks = with_unloaded_jct(tasks, plan.workload, plan.preset, plan.sim)  # the cost model's
+    tables["tasks"] = tasks.reset_index(drop=True)
+    recorded = run_info(RunTables(tasks, requests, tables["decisions"], counters))
+    summary = recorded["summary"]
     span = float(tasks["finish_s"].max()) if not tasks.empty else 0.0
     if failed:
         for name, df in tables.items():
@@ -293,7 +297,7 @@ def _finish(
             f"{run_dir}; rerun the same command to retry them"
         )
     info = {
-        "summary": summary, "counters": counters, "sim_time_s": span, "wall_s": wall_s,
+        **recorded, "counters": counters, "sim_time_s": span, "wall_s": wall_s,
         "load": plan.load, "capacity_tps": plan.capacity_tps,
         "workload_digest": digest, "resumed": attempted < plan.num_tasks,
     }  # fmt: skip
