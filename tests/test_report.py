@@ -97,14 +97,33 @@ def test_figures_written(tree: Path, tmp_path: Path) -> None:
     coll = collect(tree)
     files = write_figures(coll, build_report(coll), tmp_path)
     names = {f.name for f in files}
-    for stem in ("jct_cdf_chain3", "jct_bars", "jct_vs_load", "timeline_chain3", "ablation"):
+    # (no `requests` figure: the fixture's runs record no calls)
+    stems = ("jct_cdf_chain3", "jct_relative", "jct_vs_load", "timeline_chain3", "ablation")
+    for stem in stems:
         assert {f"{stem}.png", f"{stem}.svg"} <= names
+    svg = (tmp_path / "jct_relative.svg").read_text()
+    assert "95% percentile-bootstrap interval over 2 seeds" in svg  # the intervals are labelled
+    assert "best baseline" in svg
+    timeline = (tmp_path / "timeline_chain3.svg").read_text()
+    assert "topas vs lpm" in timeline and "no batch_agents column" in timeline
     for f in files:
         assert f.stat().st_size > 1000
         if f.suffix == ".png":
             assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         else:
             assert "<svg" in f.read_text()[:2000]
+
+
+def test_timeline_draws_agents_per_batch_when_recorded(tree: Path, tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    shutil.copytree(tree, root)
+    for path in root.rglob("timeline.parquet"):
+        tl = pd.read_parquet(path)
+        tl.assign(batch_agents=tl["batch"]).to_parquet(path, index=False)
+    coll = collect(root)
+    write_figures(coll, build_report(coll), tmp_path / "f")
+    svg = (tmp_path / "f" / "timeline_chain3.svg").read_text()
+    assert "agents per batch" in svg and "no batch_agents" not in svg
 
 
 def test_bad_directories_are_reported_and_left_out(tree: Path, tmp_path: Path) -> None:
@@ -173,7 +192,7 @@ def test_report_and_figures_cli(tree: Path, tmp_path: Path) -> None:
     assert (tmp_path / "report.md").is_file() and (tmp_path / "report.csv").is_file()
     result = runner.invoke(app, ["figures", str(tree), "--out", str(tmp_path / "f")])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "f" / "jct_bars.png").stat().st_size > 0
+    assert (tmp_path / "f" / "jct_relative.png").stat().st_size > 0
     result = runner.invoke(app, ["report", str(tmp_path / "missing")])
     assert result.exit_code == 2 and "not a directory" in result.output
     meta = json.loads((identity("topas", 0).run_dir(tree) / "run.json").read_text())

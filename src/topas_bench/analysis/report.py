@@ -139,7 +139,7 @@ def _seed_list(seeds: Any) -> str:
     return ",".join(str(int(s)) for s in sorted(seeds)) or "none"
 
 
-def _scheduler_order(label: str) -> tuple[int, str]:
+def scheduler_order(label: str) -> tuple[int, str]:
     names = SCHEDULERS.names()
     base = label.split("[", 1)[0]
     return (names.index(base) if base in names else len(names), label)
@@ -148,7 +148,7 @@ def _scheduler_order(label: str) -> tuple[int, str]:
 def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
     first = g.iloc[0]
     per: dict[str, pd.DataFrame] = {str(s): d for s, d in g.groupby("scheduler")}
-    labels = sorted(per, key=_scheduler_order)
+    labels = sorted(per, key=scheduler_order)
     baselines = [s for s in labels if per[s].iloc[0]["scheduler_name"] in BASELINES]
     best: dict[str, str] = {}  # metric -> best baseline (none when nothing is compared)
     for m, col in COMPARED.items():
