@@ -29,6 +29,7 @@ from topas_bench.cli_common import (
     parse_assignments,
     parse_scheduler_params,
 )
+from topas_bench.cli_history import history_app
 from topas_bench.errors import TopasError
 from topas_bench.recorder.cli import trace_app
 from topas_bench.runners.sglang import cli as sglang_cli
@@ -49,6 +50,7 @@ app.add_typer(workloads_app, name="workloads")
 app.add_typer(schedulers_app, name="schedulers")
 app.add_typer(presets_app, name="presets")
 app.add_typer(trace_app, name="trace")
+app.add_typer(history_app, name="history")
 
 
 # -- run ---------------------------------------------------------------------------------------

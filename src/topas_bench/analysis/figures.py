@@ -34,7 +34,8 @@ MAIN = (*BASELINES, "topas")
 METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot, headless, with the figures' theme (a one-line error without it)."""
     try:
         import matplotlib
 
@@ -57,7 +58,7 @@ def _sns() -> Any:
 
 def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
     """Every figure the tree supports, into `out`; returns the files written."""
-    plt = _plt()
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
@@ -70,7 +71,7 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
         plt.close(fig)
 
     main = _main_groups(rep.rows)
-    palette = _palette(rep.rows["scheduler"].unique())
+    palette = palette_for(rep.rows["scheduler"].unique())
     save(_relative(plt, main, palette), "jct_relative")
     curves = _load_curves(rep.rows)
     if not curves.empty:
@@ -100,7 +101,7 @@ COLOURS = {
 OTHERS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy", "teal")
 
 
-def _palette(labels: Any) -> dict[str, Any]:
+def palette_for(labels: Any) -> dict[str, Any]:
     rest = sorted(s for s in labels if s not in COLOURS)
     return COLOURS | {s: OTHERS[i % len(OTHERS)] for i, s in enumerate(rest)}
 
