@@ -15,7 +15,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml requirements/constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e '.[dev,figures,ray]'
+	$(PIP) -e '.[dev,figures,ray,client,tune]'
 	touch $@
 
 ## run: the main job: every scheduler on metagpt-tl in the simulator, then the JCT table

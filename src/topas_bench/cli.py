@@ -223,25 +223,32 @@ def tune(
         list[str] | None,
         typer.Option(
             "--param",
-            help="Grid for one parameter, name=v1,v2,... (repeatable; replaces the default grid).",
+            help="Choices for one parameter, name=v1,v2,... (repeatable; replaces the default "
+            "search space).",
         ),
     ] = None,
-    passes: Annotated[int, typer.Option(help="Coordinate-descent rounds.")] = 1,
-    jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 2,
+    trials: Annotated[int, typer.Option(help="Trials to add to the study.")] = 30,
+    jobs: Annotated[int, typer.Option(help="Worker processes sharing the study.")] = 2,
+    plots: Annotated[
+        bool, typer.Option(help="Draw Optuna's history and importances into OUT/plots.")
+    ] = False,
     out_dir: Annotated[
-        Path, typer.Option("--out", help="Where tuning runs are stored (resumable).")
+        Path, typer.Option("--out", help="Where the study (tune.db) and its runs are kept.")
     ] = Path("runs/tune"),
 ) -> None:
-    """Search TOPAS's parameters on tuning seeds; print the best setting and what it moved.
+    """Search TOPAS's parameters with Optuna on tuning seeds; print the best setting and what
+    it moved.
 
     The objective is the mean of (mean JCT, p99 JCT), each relative to the best baseline on the
-    same sample, averaged over the tuning seeds. Coordinate descent over a grid.
+    same sample, averaged over the tuning seeds. The study lives in OUT/tune.db (SQLite): the
+    same command again resumes it and adds --trials trials; --jobs workers share it.
 
     Examples:
-      topas-bench tune --workload metagpt-tl
-      topas-bench tune -w dag4 --param beta=0,0.5,1 --param preempt_margin_s=5,20 --passes 2
+      topas-bench tune --workload metagpt-tl --trials 60 --jobs 2 --plots
+      topas-bench tune -w dag4 --param beta=0,0.5,1 --param preempt_margin_s=5,20 --trials 6
     """
     from topas_bench.tune import DEFAULT_GRID, TuneSpec
+    from topas_bench.tune import plots as draw_plots
     from topas_bench.tune import tune as run_tune
 
     grid: dict[str, tuple[Any, ...]] = dict(DEFAULT_GRID)
@@ -260,7 +267,7 @@ def tune(
         raise TopasError(f"--seeds expects comma-separated integers, got {seeds!r}") from None
     spec = TuneSpec(
         workload=workload, scheduler=scheduler, num_tasks=tasks, seeds=seed_list, load=load,
-        rate_per_s=rate, preset=preset, kv_budget_tokens=kv_budget, grid=grid, passes=passes,
+        rate_per_s=rate, preset=preset, kv_budget_tokens=kv_budget, grid=grid, trials=trials,
         jobs=jobs, out=check_out_dir(out_dir),
     )  # fmt: skip
     result = run_tune(spec, progress=lambda msg: err.print(msg, markup=False))
@@ -275,6 +282,13 @@ def tune(
         f"  vs defaults: mean {100 * (b.mean_ratio / d.mean_ratio - 1):+.1f}%, "
         f"p99 {100 * (b.p99_ratio / d.p99_ratio - 1):+.1f}%"
     )
+    out.print(
+        f"  study {result.study}: {len(result.trials)} trials in {out_dir / 'tune.db'}",
+        markup=False,
+    )
+    if plots:
+        files = draw_plots(result, out_dir / "plots")
+        out.print(f"  plots: {', '.join(str(f) for f in files)}", markup=False)
 
 
 # -- workloads ---------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import pandas as pd
 
 from topas_bench.errors import TopasError
 from topas_bench.results import RunIdentity, is_finished, write_run
+from topas_bench.runners.sglang.api import RequestError, connect, served_model
 from topas_bench.runners.sglang.client import (
     ClientConfig,
     RequestRecord,
@@ -35,7 +36,6 @@ from topas_bench.runners.sglang.client import (
     WorkflowClient,
     prefix_lengths,
 )
-from topas_bench.runners.sglang.http import RequestError, request_json
 from topas_bench.runners.sglang.launcher import (
     Server,
     ServerError,
@@ -183,14 +183,17 @@ def _start(server: Server | None, opts: SglangOptions) -> str:
 
 
 def _served_model(base: str) -> str:
+    async def ask() -> str:
+        api = connect(base, timeout_s=10.0, retries=2)
+        try:
+            return await served_model(api)
+        finally:
+            await api.close()
+
     try:
-        ans = asyncio.run(request_json("GET", f"{base}/v1/models", None, 10.0))
+        return asyncio.run(ask())
     except RequestError as e:
         raise TopasError(f"cannot reach the server at {base}: {e}") from None
-    try:
-        return str(ans["data"][0]["id"])
-    except (TypeError, KeyError, IndexError):
-        raise TopasError(f"{base}/v1/models lists no model: {ans!r:.200}") from None
 
 
 async def _drive(
@@ -201,7 +204,18 @@ async def _drive(
         base_url=base, model=model, concurrency=opts.concurrency,
         request_timeout_s=opts.request_timeout_s, retries=opts.retries,
     )  # fmt: skip
-    builder = PromptBuilder(server_tokenizer(base, model))
+    api = connect(base, timeout_s=opts.request_timeout_s, retries=opts.retries)
+    try:
+        await _drive_with(plan, tasks, base, cfg, api, opts, journal, server, on_task_done)
+    finally:
+        await api.close()
+
+
+async def _drive_with(
+    plan: RunPlan, tasks: list[Any], base: str, cfg: ClientConfig, api: Any, opts: SglangOptions,
+    journal: Path, server: Server | None, on_task_done: Callable[[int], None] | None,
+) -> None:  # fmt: skip
+    builder = PromptBuilder(server_tokenizer(api, cfg.model))
     try:
         await builder.prepare()
     except RequestError as e:
@@ -218,7 +232,7 @@ async def _drive(
         if on_task_done is not None:
             on_task_done(finished)
 
-    client = WorkflowClient(cfg, builder, on_task, prefix_lengths(plan.workload))
+    client = WorkflowClient(cfg, builder, on_task, prefix_lengths(plan.workload), api)
     offset = min(t.arrival_s for t in tasks)
     work = asyncio.create_task(client.run(tasks, start_offset_s=offset))
     while not work.done():
