@@ -121,6 +121,18 @@ def test_missing_rows_are_unusable_input_unless_allowed(tree: Path, tmp_path: Pa
     assert code == 0 and "1 missing" in output
 
 
+def test_trees_are_compared_on_the_seeds_both_have(tree: Path, tmp_path: Path) -> None:
+    new = tmp_path / "one-seed"
+    shutil.copytree(tree, new)
+    for run_dir in [r.parent for r in new.rglob("run.json") if "-s1-" in r.parent.name]:
+        shutil.rmtree(run_dir)
+    code, output = invoke("compare", new, tree, "--tolerance", "0")
+    output = " ".join(output.split())
+    assert code == 0, output  # seed 0 against seed 0: nothing moved
+    assert "compared on seeds 0, the seeds both trees have (new: 0; reference: 0,1)" in output
+    assert "0 regressed, 0 moved" in output
+
+
 def test_bad_input(tree: Path, tmp_path: Path) -> None:
     code, output = invoke("compare", tree, tree, "--tolerance", "-1")
     assert code == 2 and "--tolerance must be" in output

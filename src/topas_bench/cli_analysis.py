@@ -265,6 +265,8 @@ def compare(
     """Compare NEW with REFERENCE per group and scheduler (mean and p99 JCT, goodput, p99 TTFT;
     TOPAS's reductions vs the best baseline) and print what moved.
 
+    Each group is compared on the seeds both trees have.
+
     Exit codes: 0 = no regression; 1 = a regression beyond the tolerance; 2 = unusable input
     (an unreadable tree, nothing in common, or rows of REFERENCE missing from NEW without
     --allow-missing), each named.
@@ -273,13 +275,22 @@ def compare(
       topas-bench compare runs/nightly results/reference
       topas-bench compare runs/s1 results/reference --tolerance 0.05 --allow-missing
     """
-    from topas_bench.analysis.compare import Tolerance
+    from topas_bench.analysis.collect import collect
+    from topas_bench.analysis.compare import Tolerance, on_common_seeds
     from topas_bench.analysis.compare import compare as compare_reports
+    from topas_bench.analysis.metrics import Slo
+    from topas_bench.analysis.report import build_report
 
     tol = Tolerance.parse(tolerance)
-    _, new_rep = _load(new, slo)
-    _, ref_rep = _load(reference, slo)
-    result = compare_reports(new_rep, ref_rep, tol)
+    colls = []
+    for tree in (new, reference):
+        coll = collect(tree, Slo.parse(slo))
+        for p in coll.problems:
+            err.print(f"left out of {tree}: {p}", markup=False)
+        colls.append(coll)
+    new_coll, ref_coll, seed_notes = on_common_seeds(*colls)
+    result = compare_reports(build_report(new_coll), build_report(ref_coll), tol)
+    result.notes[:0] = seed_notes
     if result.missing and not allow_missing:
         for m in result.missing:
             err.print(f"missing: {m} (in {reference}, not in {new})", markup=False)

@@ -12,7 +12,9 @@ a regression when it is worse than the reference by more than the allowed margin
 - `Tolerance.relative = x`: worse by more than `x` of the reference (0.05 = 5%); for an
   advantage, TOPAS's JCT relative to the best baseline grows by more than `x`.
 
-Reference rows the new tree lacks are `missing` (the CLI refuses to judge then, unless told
+Both trees are compared on the same samples: per group, only the seeds both have
+(`on_common_seeds`; a note says what was left out). Reference rows the new tree lacks are
+`missing` (the CLI refuses to judge then, unless told
 to compare what is there); rows only in the new tree are ignored; a reference with nothing in
 common with the new tree is a `TopasError` that names both settings.
 """
@@ -20,10 +22,11 @@ common with the new tree is a `TopasError` that names both settings.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.report import Report
 from topas_bench.errors import TopasError
 
@@ -101,6 +104,34 @@ class Comparison:
     @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.regressed]
+
+
+def on_common_seeds(new: Collection, ref: Collection) -> tuple[Collection, Collection, list[str]]:
+    """Both collections with each group's runs cut to the seeds both trees have for it."""
+    a, b = new.runs, ref.runs
+    common = (
+        a[["group", "seed"]].drop_duplicates().merge(b[["group", "seed"]].drop_duplicates())
+    )  # fmt: skip
+    notes = []
+    for (key, label), g in a.groupby(["group", "group_label"], sort=False):
+        ours, theirs = set(g["seed"]), set(b[b["group"] == key]["seed"])
+        if theirs and ours != theirs:
+            both = ",".join(str(x) for x in sorted(ours & theirs)) or "none"
+            notes.append(
+                f"{g.iloc[0]['workload']} ({label}): compared on seeds {both}, the seeds both "
+                f"trees have (new: {_seeds(ours)}; reference: {_seeds(theirs)})"
+            )
+
+    def cut(c: Collection, runs: pd.DataFrame) -> Collection:
+        kept = runs.merge(common, on=["group", "seed"]) if not common.empty else runs
+        unmatched = runs[~runs["group"].isin(common["group"])]
+        return replace(c, runs=pd.concat([kept, unmatched]).reset_index(drop=True))
+
+    return cut(new, a), cut(ref, b), notes
+
+
+def _seeds(seeds: set[int]) -> str:
+    return ",".join(str(int(x)) for x in sorted(seeds))
 
 
 def _pct(v: float) -> str:
