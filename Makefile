@@ -15,7 +15,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml requirements/constraints.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e '.[dev,figures,ray]'
+	$(PIP) -e '.[dev,figures,ray,client,tune]'
 	touch $@
 
 ## run: the main job: every scheduler on metagpt-tl in the simulator, then the JCT table
@@ -51,8 +51,9 @@ reference: $(VENV)/.installed-dev
 	$(MAKE) figures
 
 ## nightly: rerun the reference sweep at the reference's rates, report, compare, draw figures
+## (TOLERANCE: `noise`, the seed-to-seed noise both trees measured, or a relative margin)
 NIGHTLY_OUT ?= runs/nightly
-TOLERANCE   ?= 0.05
+TOLERANCE   ?= noise
 nightly: $(VENV)/.installed-dev
 	mkdir -p $(NIGHTLY_OUT) && cp results/reference/capacity.json $(NIGHTLY_OUT)/
 	$(BIN)/topas-bench sweep --config results/reference.toml --out $(NIGHTLY_OUT)
@@ -60,7 +61,16 @@ nightly: $(VENV)/.installed-dev
 	$(BIN)/topas-bench figures $(NIGHTLY_OUT) --out $(NIGHTLY_OUT)/figures
 	$(BIN)/topas-bench compare $(NIGHTLY_OUT) results/reference --tolerance $(TOLERANCE)
 
-.PHONY: reference nightly
+## nightly-history: append NIGHTLY_OUT's rows to the JSON series in HISTORY/series, draw the
+## trend into HISTORY/trend, and fail when TOPAS's margin fell beyond the noise since last time
+HISTORY  ?= runs/history
+REVISION ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+nightly-history: $(VENV)/.installed-dev
+	$(BIN)/topas-bench history append $(NIGHTLY_OUT) --history $(HISTORY)/series --revision $(REVISION)
+	$(BIN)/topas-bench history plot $(HISTORY)/series --out $(HISTORY)/trend
+	$(BIN)/topas-bench history check $(HISTORY)/series
+
+.PHONY: reference nightly nightly-history
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

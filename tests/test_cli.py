@@ -383,7 +383,8 @@ def test_workloads_list() -> None:
     out = text(ok("workloads", "list"))
     for name in WORKLOADS.names():
         spec = WORKLOADS.get(name)
-        assert f"│ {name} │ {spec.description} │ {spec.default_rate_per_s:g} │" in out
+        rate = "the file's" if name == "trace" else f"{spec.default_rate_per_s:g}"
+        assert f"│ {name} │ {spec.description} │ {rate}" in out
     assert "0.8 x capacity 0.283/s (FCFS knee, a100-qwen32b)" in out
 
 

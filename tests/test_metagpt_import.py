@@ -3,6 +3,7 @@ become validated workloads with the recorded DAG and shared prefixes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,15 @@ from typer.testing import CliRunner
 
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
-from topas_bench.workloads.metagpt_import import Call, import_trace, load_calls, parse_calls
+from topas_bench.workloads.metagpt_import import (
+    Call,
+    import_trace,
+    load_calls,
+    parse_calls,
+    sop_templates,
+)
 from topas_bench.workloads.model import Stage, Workload
+from topas_bench.workloads.registry import generate
 from topas_bench.workloads.trace import TraceError, load_workload, validate
 
 DATA = Path(__file__).parent / "data" / "metagpt"
@@ -40,6 +48,9 @@ def test_fixtures_are_the_shared_recordings() -> None:
     ]  # fmt: skip
 
 
+REWRITES = {"sop-2048-offline": {5, 9, 11}, "sop-qa-2048-offline": {5, 9, 11}}
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 @pytest.mark.parametrize("mode", ["faithful", "cache-friendly"])
 def test_import_every_recording(path: Path, mode: str) -> None:
@@ -52,10 +63,15 @@ def test_import_every_recording(path: Path, mode: str) -> None:
     (task,) = w.tasks
     assert task.arrival_s == 0.0
     agents = w.agent_map
+    templates = sop_templates() if mode == "cache-friendly" else {}
     prev_of_role: dict[str, Stage] = {}
     for row, stage in zip(rows, task.stages, strict=True):
+        before, after = templates.get(row["action"], (0, 0))
+        rewrite = row["id"] in REWRITES.get(path.stem, set()) and mode == "cache-friendly"
         assert stage.id == f"c{row['id']}" and stage.kind == row["action"]
-        assert stage.prompt_tokens == row["system_tokens"] + row["rest_tokens"]
+        # cache-friendly: a rewrite carries its review agent's template too
+        extra = after if rewrite else 0
+        assert stage.prompt_tokens == row["system_tokens"] + row["rest_tokens"] + extra
         assert stage.output_tokens == max(1, row["completion_tokens"]) == stage.max_new_tokens
         assert stage.agent.split("/")[0] == row["role"]
         # DAG: the recorded data dependencies plus call order (these runs are sequential)
@@ -66,31 +82,45 @@ def test_import_every_recording(path: Path, mode: str) -> None:
             assert stage.delay_s == pytest.approx(max(0.0, row["t_start"] - ready), abs=1e-6)
         # prefixes: the recorded shared length with the role's previous call, when same agent
         prefix = agents[stage.agent].prefix_tokens
-        assert prefix <= row["system_tokens"]
-        if mode == "cache-friendly":
-            assert prefix == row["system_tokens"]
+        if mode == "cache-friendly":  # the whole system prompt, and an SOP action's template
+            assert prefix == row["system_tokens"] + before + after
+        else:
+            assert prefix <= row["system_tokens"]
         if (pstage := prev_of_role.get(row["role"])) is not None:
             if pstage.agent != stage.agent:
                 assert _shared(pstage, stage) == 0
             else:
                 lcp = row["lcp_tokens_with_prev_call_of_same_role"]
-                if mode == "cache-friendly":
-                    lcp = max(lcp, row["system_tokens"])
+                if mode == "cache-friendly":  # what is shared past the header follows the prefix
+                    lcp = prefix + max(0, lcp - row["system_tokens"] - before)
                 least = min(lcp, pstage.prompt_tokens, stage.prompt_tokens)
                 assert _shared(pstage, stage) == max(prefix, least)
         prev_of_role[row["role"]] = stage
 
 
+def test_cache_friendly_sop_recording_matches_the_generator() -> None:
+    """Cache-friendly SOP agents are the `metagpt-sop` generator's (system line + template)."""
+    w = import_trace(DATA / "sop-qa-2048-offline.jsonl")  # cache-friendly is the default
+    sop = generate("metagpt-sop", num_tasks=1)
+    names = ("Alice", "Bob", "Eve", "Alex/WriteCode", "Edward/WriteTest")
+    assert [a.prefix_tokens for a in sop.agents] == [w.agent_map[n].prefix_tokens for n in names]
+    friendly = import_trace(DATA / "sop-2048-offline.jsonl", prefix_mode="cache-friendly")
+    faithful = import_trace(DATA / "sop-2048-offline.jsonl", prefix_mode="faithful")
+    hit = {m: sum(_shared(a, b) for a, b in itertools.pairwise(x.tasks[0].stages))
+           for m, x in (("cache-friendly", friendly), ("faithful", faithful))}  # fmt: skip
+    assert hit["cache-friendly"] > hit["faithful"]
+
+
 def test_tl_recording_prefixes() -> None:
-    faithful = import_trace(DATA / "tl-2048-offline.jsonl")
-    friendly = import_trace(DATA / "tl-2048-offline.jsonl", prefix_mode="cache-friendly")
+    faithful = import_trace(DATA / "tl-2048-offline.jsonl", prefix_mode="faithful")
+    friendly = import_trace(DATA / "tl-2048-offline.jsonl")
     # the TeamLeader's think prompt carries the time: calls a second apart shared 41 tokens
     assert faithful.agent_map["Mike/3628"].prefix_tokens == 41
     assert friendly.agent_map["Mike/3628"].prefix_tokens == 3628
     assert faithful.agent_map["Alex/9000"].prefix_tokens == 9000
     eng = [s for s in faithful.tasks[0].stages if s.agent == "Alex/9000"]
     assert _shared(eng[1], eng[2]) == 11_193  # append-only memory: prefix extension
-    sop = import_trace(DATA / "sop-2048-offline.jsonl")
+    sop = import_trace(DATA / "sop-2048-offline.jsonl", prefix_mode="faithful")
     assert [(a.name, a.prefix_tokens) for a in sop.agents] == [
         ("Alice", 41), ("Bob", 47), ("Eve", 50), ("Alex", 49),
     ]  # fmt: skip
@@ -175,6 +205,22 @@ def test_cli_trace_import(tmp_path: Path) -> None:
     assert len(w.tasks) == 3 and w.generator == "trace-import"
     res = CliRunner().invoke(app, ["workloads", "validate", str(out)])
     assert res.exit_code == 0 and "valid: 3 tasks, 48 calls" in res.output
+
+
+def test_cli_trace_import_writes_beside_its_input_and_says_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "rec" / "sop.jsonl"
+    src.parent.mkdir()
+    src.write_text((DATA / "sop-2048-offline.jsonl").read_text())
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["trace", "import", str(src)])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "rec" / "sop.workload.jsonl"
+    assert out.is_file() and not (tmp_path / "sop.workload.jsonl").exists()
+    text = res.output.replace("\n", "")
+    assert f"wrote {out}" in text and "prefix mode cache-friendly" in text
+    assert f"topas-bench run -w {out}" in text
 
 
 def test_cli_trace_import_reports_every_problem(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ from results_fixture import DECISION_WALL_S, identity, write_fixture, write_one
 from topas_bench.analysis.bootstrap import mean_ci, reduction_ci
 from topas_bench.analysis.collect import collect
 from topas_bench.analysis.figures import write_figures
-from topas_bench.analysis.report import build_report, to_markdown, write_report
+from topas_bench.analysis.render import to_markdown, write_report
+from topas_bench.analysis.report import build_report
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
 
@@ -59,9 +60,13 @@ def test_report_values_by_hand(tree: Path) -> None:
     assert topas["reduction_mean"] == pytest.approx(1 - 20 / 27.5)
     assert (topas["reduction_mean_lo"], topas["reduction_mean_hi"]) == pytest.approx((0.2, 1 / 3))
     assert topas["reduction_p99"] == pytest.approx(1 - 34.55 / 44.7)
-    assert np.isnan(fcfs["reduction_mean"])  # baselines are not reduced against themselves
+    assert fcfs["reduction_mean"] == pytest.approx(1 - 30 / 27.5)  # a baseline vs the best
+    best = (lpm["reduction_mean"], lpm["reduction_mean_lo"], lpm["reduction_mean_hi"])
+    assert best == (0.0, 0.0, 0.0)
     assert (topas["paper_reduction_mean"], topas["paper_reduction_p99"]) == (0.275, 0.317)
     assert np.isnan(row(rep.rows, "topas-base")["paper_reduction_mean"])
+    # the paper's figures stand only beside runs in its setting (load 0.8), not at load 0.6
+    assert np.isnan(row(rep.rows, "topas", load=0.6)["paper_reduction_mean"])
     # throughput: 4 tasks from the first arrival (0) to the last finish (43 and 53)
     assert fcfs["throughput_tps"] == pytest.approx((4 / 43 + 4 / 53) / 2)
     assert fcfs["prefix_hit_rate"] == pytest.approx((0.5 + 0.3) / 2)
@@ -73,12 +78,14 @@ def test_report_values_by_hand(tree: Path) -> None:
 
 def test_markdown_and_csv(tree: Path, tmp_path: Path) -> None:
     rep = build_report(collect(tree))
-    md = to_markdown(rep)
+    md = " ".join(to_markdown(rep).split())  # tables are padded: compare words
     assert "## TOPAS vs the best baseline" in md and "## chain3" in md
     assert "| topas | 20.0 [20.0, 20.0] |" in md
     assert "27.3% [20.0%, 33.3%]" in md and "27.5%" in md and "31.7%" in md
     assert "Best baseline: mean JCT `lpm`, p99 JCT `fcfs`." in md
-    md_path, csv_path = write_report(rep, tmp_path)
+    assert "| lpm | 27.5 [25.0, 30.0] |" in md and "| best | best |" not in md
+    md_path, csv_path, stages_path = write_report(rep, tmp_path)
+    assert stages_path.name == "report-stages.csv"
     assert md_path.read_text().startswith("# topas-bench report")
     csv = pd.read_csv(csv_path)
     assert len(csv) == 7 and {"mean_jct_s_lo", "reduction_p99", "paper_reduction_mean"} <= set(
@@ -90,14 +97,33 @@ def test_figures_written(tree: Path, tmp_path: Path) -> None:
     coll = collect(tree)
     files = write_figures(coll, build_report(coll), tmp_path)
     names = {f.name for f in files}
-    for stem in ("jct_cdf_chain3", "jct_bars", "jct_vs_load", "timeline_chain3", "ablation"):
+    # (no `requests` figure: the fixture's runs record no calls)
+    stems = ("jct_cdf_chain3", "jct_relative", "jct_vs_load", "timeline_chain3", "ablation")
+    for stem in stems:
         assert {f"{stem}.png", f"{stem}.svg"} <= names
+    svg = (tmp_path / "jct_relative.svg").read_text()
+    assert "95% percentile-bootstrap interval over 2 seeds" in svg  # the intervals are labelled
+    assert "best baseline" in svg
+    timeline = (tmp_path / "timeline_chain3.svg").read_text()
+    assert "topas vs lpm" in timeline and "no batch_agents column" in timeline
     for f in files:
         assert f.stat().st_size > 1000
         if f.suffix == ".png":
             assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         else:
             assert "<svg" in f.read_text()[:2000]
+
+
+def test_timeline_draws_agents_per_batch_when_recorded(tree: Path, tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    shutil.copytree(tree, root)
+    for path in root.rglob("timeline.parquet"):
+        tl = pd.read_parquet(path)
+        tl.assign(batch_agents=tl["batch"]).to_parquet(path, index=False)
+    coll = collect(root)
+    write_figures(coll, build_report(coll), tmp_path / "f")
+    svg = (tmp_path / "f" / "timeline_chain3.svg").read_text()
+    assert "agents per batch" in svg and "no batch_agents" not in svg
 
 
 def test_bad_directories_are_reported_and_left_out(tree: Path, tmp_path: Path) -> None:
@@ -166,7 +192,7 @@ def test_report_and_figures_cli(tree: Path, tmp_path: Path) -> None:
     assert (tmp_path / "report.md").is_file() and (tmp_path / "report.csv").is_file()
     result = runner.invoke(app, ["figures", str(tree), "--out", str(tmp_path / "f")])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "f" / "jct_bars.png").stat().st_size > 0
+    assert (tmp_path / "f" / "jct_relative.png").stat().st_size > 0
     result = runner.invoke(app, ["report", str(tmp_path / "missing")])
     assert result.exit_code == 2 and "not a directory" in result.output
     meta = json.loads((identity("topas", 0).run_dir(tree) / "run.json").read_text())

@@ -433,10 +433,16 @@ def test_make_policy_builds_fresh_instances_with_their_params() -> None:
 SAMPLE_TASKS = 8
 
 
+#: `trace` runs a file: the docs' example, repeated to SAMPLE_TASKS tasks
+EXAMPLE = str(Path(__file__).parents[1] / "docs" / "examples" / "writer-reviewer.jsonl")
+
+
 @pytest.mark.parametrize("workload", WORKLOADS.names())
 @pytest.mark.parametrize("scheduler", SCHEDULERS.names())
 def test_every_scheduler_runs_every_workload(scheduler: str, workload: str, tmp_path: Path) -> None:
-    plan = plan_run(workload=workload, schedulers=[scheduler], num_tasks=SAMPLE_TASKS, out=tmp_path)
+    params = {"file": EXAMPLE} if workload == "trace" else {}
+    plan = plan_run(workload=workload, schedulers=[scheduler], num_tasks=SAMPLE_TASKS,
+                    out=tmp_path, workload_params=params)  # fmt: skip
     # Re-derive the memory accounting after every event: a policy must not break it.
     plan = replace(plan, sim=replace(plan.sim, check_invariants=True))
     cell = run_cell(plan, scheduler)

@@ -6,15 +6,11 @@ on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import functools
-import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,9 +20,19 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from topas_bench import cli_analysis, cli_fidelity
+from topas_bench.cli_common import (
+    check_out_dir,
+    err,
+    handles_errors,
+    out,
+    parse_assignments,
+    parse_scheduler_params,
+)
+from topas_bench.cli_history import history_app
 from topas_bench.errors import TopasError
 from topas_bench.recorder.cli import trace_app
-from topas_bench.workloads.trace import TraceError
+from topas_bench.runners.sglang import cli as sglang_cli
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -44,75 +50,7 @@ app.add_typer(workloads_app, name="workloads")
 app.add_typer(schedulers_app, name="schedulers")
 app.add_typer(presets_app, name="presets")
 app.add_typer(trace_app, name="trace")
-
-# Wide enough for the JCT table when output is piped (rich assumes 80 columns there).
-# emoji=False: rich would render segment keys like `agent:A:4096` as emoji (`:a:`).
-out = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn library errors into one clear line and exit code 2 (a trace: every problem)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except TraceError as e:
-            err.print(f"error: {e.source}: {len(e.problems)} problem(s)", markup=False)
-            err.print(e.report(), markup=False)
-            raise typer.Exit(2) from None
-        except TopasError as e:
-            err.print(f"error: {e}", markup=False)
-            raise typer.Exit(2) from None
-        except OSError as e:  # an output path that cannot be written, a file that vanished
-            where = f"{e.filename}: " if e.filename else ""
-            err.print(f"error: {where}{e.strerror or e}", markup=False)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err.print("interrupted: finished runs are kept; run again to resume", markup=False)
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
-def check_out_dir(path: Path, flag: str = "--out") -> Path:
-    """Fail before anything runs when `path` cannot become a directory (it or an ancestor is a
-    file)."""
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise TopasError(f"{flag} {path}: {p} is not a directory")
-            break
-    return path
-
-
-def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
-    """`key=value` pairs; values are JSON when they parse as JSON, else strings."""
-    result: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise TopasError(f"{flag} expects key=value, got {item!r}")
-        try:
-            result[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            result[key.strip()] = raw
-    return result
-
-
-def parse_scheduler_params(items: list[str]) -> dict[str, dict[str, Any]]:
-    """`name.key=value` pairs, grouped by scheduler name."""
-    grouped: dict[str, dict[str, Any]] = {}
-    for key, value in parse_assignments(items, "--scheduler-param").items():
-        name, dot, param = key.partition(".")
-        if not dot or not param:
-            raise TopasError(f"--scheduler-param expects scheduler.key=value, got {key!r}")
-        grouped.setdefault(name, {})[param] = value
-    return grouped
+app.add_typer(history_app, name="history")
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -120,7 +58,12 @@ def parse_scheduler_params(items: list[str]) -> dict[str, dict[str, Any]]:
 @handles_errors
 def run(
     workload: Annotated[
-        str, typer.Option("--workload", "-w", help="Workload name (see `workloads list`).")
+        str,
+        typer.Option(
+            "--workload",
+            "-w",
+            help="Workload name (see `workloads list`) or a trace file (docs/workload-format.md).",
+        ),
     ] = "metagpt-tl",
     scheduler: Annotated[
         str,
@@ -138,7 +81,10 @@ def run(
         float | None,
         typer.Option(help="Arrival rate as a fraction of measured capacity (instead of --rate)."),
     ] = None,
-    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Number of tasks.")] = 200,
+    tasks: Annotated[
+        int | None,
+        typer.Option("--tasks", "-n", help="Number of tasks (default: 200; a file: all of its)."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the workload sample.")] = 0,
     preset: Annotated[
         str,
@@ -201,6 +147,7 @@ def run(
       topas-bench run --workload metagpt-tl
       topas-bench run -w dag4 -s fcfs,lpm --load 0.8 -n 500 --seed 3
       topas-bench run -w chain3 --kv-budget 40000 --out runs/big-kv
+      topas-bench run -w my-trace.jsonl -s fcfs,topas        # a trace file, as recorded
       topas-bench run -w metagpt-tl -s fcfs,topas --engine sglang-cpu -n 50
       topas-bench run -w dag4 -s fcfs,topas --engine sglang --model /models/Qwen2.5-32B-Instruct
     """
@@ -219,14 +166,17 @@ def run(
                 raise TopasError(
                     f"{flag} is for --engine sglang; --engine {engine} does not use it"
                 )
+    from topas_bench.workloads.registry import run_defaults
+
     names = parse_schedulers(scheduler)
+    wparams = parse_assignments(workload_param or [], "--workload-param")
     plan = plan_run(
-        workload=workload, schedulers=names, num_tasks=tasks, seed=seed, rate_per_s=rate,
+        workload=workload, schedulers=names, seed=seed, rate_per_s=rate,
+        num_tasks=tasks if tasks is not None else run_defaults(workload, wparams)[0],
         load=load, preset=preset, kv_budget_tokens=kv_budget,
         length_hint="oracle" if length_hint == "oracle" else "none",
         host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
-        workload_params=parse_assignments(workload_param or [], "--workload-param"),
-        scheduler_params=parse_scheduler_params(scheduler_param or []),
+        workload_params=wparams, scheduler_params=parse_scheduler_params(scheduler_param or []),
         engine="sim" if engine == "sglang" else engine,
     )  # fmt: skip
     if engine == "sglang-cpu":
@@ -285,25 +235,32 @@ def tune(
         list[str] | None,
         typer.Option(
             "--param",
-            help="Grid for one parameter, name=v1,v2,... (repeatable; replaces the default grid).",
+            help="Choices for one parameter, name=v1,v2,... (repeatable; replaces the default "
+            "search space).",
         ),
     ] = None,
-    passes: Annotated[int, typer.Option(help="Coordinate-descent rounds.")] = 1,
-    jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 2,
+    trials: Annotated[int, typer.Option(help="Trials to add to the study.")] = 30,
+    jobs: Annotated[int, typer.Option(help="Worker processes sharing the study.")] = 2,
+    plots: Annotated[
+        bool, typer.Option(help="Draw Optuna's history and importances into OUT/plots.")
+    ] = False,
     out_dir: Annotated[
-        Path, typer.Option("--out", help="Where tuning runs are stored (resumable).")
+        Path, typer.Option("--out", help="Where the study (tune.db) and its runs are kept.")
     ] = Path("runs/tune"),
 ) -> None:
-    """Search TOPAS's parameters on tuning seeds; print the best setting and what it moved.
+    """Search TOPAS's parameters with Optuna on tuning seeds; print the best setting and what
+    it moved.
 
     The objective is the mean of (mean JCT, p99 JCT), each relative to the best baseline on the
-    same sample, averaged over the tuning seeds. Coordinate descent over a grid.
+    same sample, averaged over the tuning seeds. The study lives in OUT/tune.db (SQLite): the
+    same command again resumes it and adds --trials trials; --jobs workers share it.
 
     Examples:
-      topas-bench tune --workload metagpt-tl
-      topas-bench tune -w dag4 --param beta=0,0.5,1 --param preempt_margin_s=5,20 --passes 2
+      topas-bench tune --workload metagpt-tl --trials 60 --jobs 2 --plots
+      topas-bench tune -w dag4 --param beta=0,0.5,1 --param preempt_margin_s=5,20 --trials 6
     """
     from topas_bench.tune import DEFAULT_GRID, TuneSpec
+    from topas_bench.tune import plots as draw_plots
     from topas_bench.tune import tune as run_tune
 
     grid: dict[str, tuple[Any, ...]] = dict(DEFAULT_GRID)
@@ -322,7 +279,7 @@ def tune(
         raise TopasError(f"--seeds expects comma-separated integers, got {seeds!r}") from None
     spec = TuneSpec(
         workload=workload, scheduler=scheduler, num_tasks=tasks, seeds=seed_list, load=load,
-        rate_per_s=rate, preset=preset, kv_budget_tokens=kv_budget, grid=grid, passes=passes,
+        rate_per_s=rate, preset=preset, kv_budget_tokens=kv_budget, grid=grid, trials=trials,
         jobs=jobs, out=check_out_dir(out_dir),
     )  # fmt: skip
     result = run_tune(spec, progress=lambda msg: err.print(msg, markup=False))
@@ -337,6 +294,13 @@ def tune(
         f"  vs defaults: mean {100 * (b.mean_ratio / d.mean_ratio - 1):+.1f}%, "
         f"p99 {100 * (b.p99_ratio / d.p99_ratio - 1):+.1f}%"
     )
+    out.print(
+        f"  study {result.study}: {len(result.trials)} trials in {out_dir / 'tune.db'}",
+        markup=False,
+    )
+    if plots:
+        files = draw_plots(result, out_dir / "plots")
+        out.print(f"  plots: {', '.join(str(f) for f in files)}", markup=False)
 
 
 # -- workloads ---------------------------------------------------------------------------------
@@ -355,7 +319,7 @@ def workloads_list() -> None:
 @workloads_app.command("show")
 @handles_errors
 def workloads_show(
-    name: Annotated[str, typer.Argument(help="Workload name.")],
+    name: Annotated[str, typer.Argument(help="Workload name or trace file.")],
     seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
     workload_param: Annotated[
         list[str] | None, typer.Option("--workload-param", help="key=value override (repeatable).")
@@ -375,9 +339,12 @@ def workloads_show(
 @workloads_app.command("export")
 @handles_errors
 def workloads_export(
-    name: Annotated[str, typer.Argument(help="Workload name.")],
+    name: Annotated[str, typer.Argument(help="Workload name or trace file.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write (JSONL).")],
-    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Number of tasks.")] = 100,
+    tasks: Annotated[
+        int | None,
+        typer.Option("--tasks", "-n", help="Number of tasks (default: 200, as `run`)."),
+    ] = None,
     rate: Annotated[
         float | None, typer.Option(help="Arrival rate, tasks/s (default: the workload's).")
     ] = None,
@@ -390,11 +357,12 @@ def workloads_export(
 
     Example: topas-bench workloads export dag4 -n 50 -o dag4.jsonl
     """
-    from topas_bench.workloads.registry import generate
+    from topas_bench.workloads.registry import generate, run_defaults
     from topas_bench.workloads.trace import dump_workload
 
     params = parse_assignments(workload_param or [], "--workload-param")
-    w = generate(name, num_tasks=tasks, rate_per_s=rate, seed=seed, **params)
+    n = tasks if tasks is not None else run_defaults(name, params)[0]
+    w = generate(name, num_tasks=n, rate_per_s=rate, seed=seed, **params)
     dump_workload(w, output)
     out.print(f"wrote {output}: {len(w.tasks)} tasks, {sum(len(t.stages) for t in w.tasks)} calls")
 
@@ -408,13 +376,15 @@ def workloads_validate(
         typer.Option("--kv-budget", help="Also check every call fits this KV budget (tokens)."),
     ] = None,
 ) -> None:
-    """Validate a trace file and report every problem with its line and field.
+    """Validate a trace file against the format's JSON Schema (docs/workload-format.md), then
+    its DAG, agents and keys; report every problem with its line and field.
 
     Example: topas-bench workloads validate dag4.jsonl --kv-budget 18692
     """
-    from topas_bench.workloads.trace import load_workload
+    from topas_bench.workloads.schema import validate_text
+    from topas_bench.workloads.trace import read_text
 
-    w = load_workload(path, kv_budget_tokens=kv_budget)
+    w = validate_text(read_text(path), source=str(path), kv_budget_tokens=kv_budget)
     calls = sum(len(t.stages) for t in w.tasks)
     out.print(f"{path}: valid: {len(w.tasks)} tasks, {calls} calls, {len(w.agents)} agents")
 
@@ -459,14 +429,9 @@ def presets_show(
     print_preset(out, load_preset(name))
 
 
-# sweep, report, figures, compare live in cli_analysis, fidelity in cli_fidelity (they import
-# the helpers above).
-from topas_bench import cli_analysis, cli_fidelity  # noqa: E402
-
+# sweep, report, figures, compare; fidelity; serve, calibrate: in their own modules.
 cli_analysis.register(app)
 cli_fidelity.register(app)
-from topas_bench.runners.sglang import cli as sglang_cli  # noqa: E402
-
 sglang_cli.register(app)
 
 

@@ -18,7 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from topas_bench.cli import (
+from topas_bench.cli_common import (
     check_out_dir,
     err,
     handles_errors,
@@ -184,11 +184,12 @@ def _by_name(items: list[str] | None, flag: str) -> dict[str, dict[str, Any]] | 
     return grouped
 
 
-def _load(results: Path) -> Any:
+def _load(results: Path, slo: str = "2x") -> Any:
     from topas_bench.analysis.collect import collect
+    from topas_bench.analysis.metrics import Slo
     from topas_bench.analysis.report import build_report
 
-    coll = collect(results)
+    coll = collect(results, Slo.parse(slo))
     for p in coll.problems:
         err.print(f"left out: {p}", markup=False)
     return coll, build_report(coll)
@@ -201,16 +202,22 @@ def report(
         Path | None, typer.Option("--out", "-o", help="Where report.md/.csv go (default: RESULTS).")
     ] = None,
     quiet: Annotated[bool, typer.Option(help="Do not print the Markdown.")] = False,
+    slo: Annotated[
+        str, typer.Option(help="Goodput's SLO: Nx (N x each task's unloaded JCT) or Ns.")
+    ] = "2x",
 ) -> None:
     """Summarise a results tree: JCT (mean/p50/p90/p99 with 95% bootstrap intervals over
-    seeds), reduction vs the best baseline, throughput, prefix hits, preemptions, decision
-    overhead; as Markdown and CSV. Unreadable or partial runs are listed and left out.
+    seeds), reduction vs the best baseline, goodput under an SLO, request-level TTFT, TPOT,
+    ITL, queueing and latency, per-stage latency, throughput, prefix hits, preemptions,
+    decision overhead; as Markdown and CSV. Unreadable or partial runs are listed and left out.
 
-    Example: topas-bench report runs/s1 --out runs/s1
+    Examples:
+      topas-bench report runs/s1
+      topas-bench report runs/s1 --slo 3x --out runs/s1/slo3
     """
-    from topas_bench.analysis.report import to_markdown, write_report
+    from topas_bench.analysis.render import to_markdown, write_report
 
-    _, rep = _load(results)
+    _, rep = _load(results, slo)
     files = write_report(rep, check_out_dir(out_dir or results))
     if not quiet:
         out.print(to_markdown(rep), markup=False)
@@ -224,6 +231,7 @@ def figures(
         Path | None,
         typer.Option("--out", "-o", help="Figure directory (default: RESULTS/figures)."),
     ] = None,
+    slo: Annotated[str, typer.Option(help="Goodput's SLO: Nx unloaded JCT, or Ns.")] = "2x",
 ) -> None:
     """Draw JCT CDFs, mean/p99 bars, JCT against load, a prefix-residency and KV timeline, and
     ablation bars (PNG and SVG).
@@ -232,7 +240,7 @@ def figures(
     """
     from topas_bench.analysis.figures import write_figures
 
-    coll, rep = _load(results)
+    coll, rep = _load(results, slo)
     files = write_figures(coll, rep, check_out_dir(out_dir or results / "figures"))
     out.print(f"wrote {len(files)} files to {out_dir or results / 'figures'}", markup=False)
 
@@ -242,32 +250,67 @@ def compare(
     new: Annotated[Path, typer.Argument(help="New results tree.")],
     reference: Annotated[Path, typer.Argument(help="Reference results tree.")],
     tolerance: Annotated[
-        float, typer.Option(help="Allowed relative regression (0.05 = 5%).")
-    ] = 0.05,
+        str,
+        typer.Option(
+            help="`noise`: a worsening beyond the seed-to-seed noise both trees measured (95% "
+            "bootstrap half-widths, in quadrature); or a relative margin (0.05 = 5%)."
+        ),
+    ] = "noise",
     allow_missing: Annotated[
-        bool, typer.Option(help="Pass even if NEW lacks some of the reference's rows.")
+        bool,
+        typer.Option(help="Compare the rows both trees have, even if NEW lacks some."),
     ] = False,
+    slo: Annotated[str, typer.Option(help="Goodput's SLO: Nx unloaded JCT, or Ns.")] = "2x",
 ) -> None:
-    """Exit 1 if any scheduler's mean or p99 JCT, or TOPAS's advantage over the best baseline,
-    regressed by more than --tolerance against the reference (per group); print what moved.
+    """Compare NEW with REFERENCE per group and scheduler (mean and p99 JCT, goodput, p99 TTFT;
+    TOPAS's reductions vs the best baseline) and print what moved.
 
-    Example: topas-bench compare runs/nightly results/reference --tolerance 0.05
+    Each group is compared on the seeds both trees have.
+
+    Exit codes: 0 = no regression; 1 = a regression beyond the tolerance; 2 = unusable input
+    (an unreadable tree, nothing in common, or rows of REFERENCE missing from NEW without
+    --allow-missing), each named.
+
+    Examples:
+      topas-bench compare runs/nightly results/reference
+      topas-bench compare runs/s1 results/reference --tolerance 0.05 --allow-missing
     """
+    from topas_bench.analysis.collect import collect
+    from topas_bench.analysis.compare import Tolerance, on_common_seeds
     from topas_bench.analysis.compare import compare as compare_reports
+    from topas_bench.analysis.metrics import Slo
+    from topas_bench.analysis.report import build_report
 
-    _, new_rep = _load(new)
-    _, ref_rep = _load(reference)
-    result = compare_reports(new_rep, ref_rep, tolerance)
+    tol = Tolerance.parse(tolerance)
+    colls = []
+    for tree in (new, reference):
+        coll = collect(tree, Slo.parse(slo))
+        for p in coll.problems:
+            err.print(f"left out of {tree}: {p}", markup=False)
+        colls.append(coll)
+    new_coll, ref_coll, seed_notes = on_common_seeds(*colls)
+    result = compare_reports(build_report(new_coll), build_report(ref_coll), tol)
+    result.notes[:0] = seed_notes
+    if result.missing and not allow_missing:
+        for m in result.missing:
+            err.print(f"missing: {m} (in {reference}, not in {new})", markup=False)
+        raise TopasError(
+            f"{new} lacks {len(result.missing)} of the reference's rows (listed above; first: "
+            f"{result.missing[0]}): run the reference's settings (`sweep --config` with its "
+            "file), or pass --allow-missing to compare the rows both have"
+        )
     moved = sorted((c for c in result.changes if abs(c.relative) > 1e-9),
                    key=lambda c: (not c.regressed, -abs(c.relative)))  # fmt: skip
     for c in moved:
         out.print(("REGRESSED " if c.regressed else "moved     ") + c.describe(), markup=False)
     for m in result.missing:
         out.print(f"missing   {m} (in the reference, not in {new})", markup=False)
+    for note in result.notes:
+        out.print(f"note      {note}", markup=False)
     out.print(
-        f"compared {result.compared} scheduler rows at tolerance {tolerance:g}: "
+        f"compared {result.compared} scheduler rows at tolerance {tol.describe()}: "
         f"{len(result.regressions)} regressed, {len(moved) - len(result.regressions)} moved "
         f"within tolerance, {len(result.missing)} missing"
     )
-    if not result.ok(allow_missing):
+    if result.regressions:
         raise typer.Exit(1)

@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from topas_bench.cli import check_out_dir, err, handles_errors, out
+from topas_bench.cli_common import check_out_dir, err, handles_errors, out
 from topas_bench.errors import TopasError
 
 PAPER_WORKLOADS = "chain3,dag4,dag10-wide,metagpt-sop,metagpt-tl"

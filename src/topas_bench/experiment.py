@@ -22,7 +22,7 @@ from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
 from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS, make_policy
 from topas_bench.workloads.model import Stage, Workload
-from topas_bench.workloads.registry import WORKLOADS, generate
+from topas_bench.workloads.registry import generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
 
 #: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
@@ -79,8 +79,8 @@ def plan_run(
     scheduler_params: Mapping[str, Mapping[str, Any]] | None = None,
     engine: str = "sim",
 ) -> RunPlan:
-    spec = WORKLOADS.get(workload)
     ENGINES.get(engine)  # an unknown engine: raises with the known names
+    workload, wparams = resolve(workload, workload_params)  # a trace file: the `trace` workload
     pre = load_preset(preset)
     if num_tasks < 1:
         raise TopasError(f"--tasks must be a positive integer, got {num_tasks}")
@@ -97,13 +97,12 @@ def plan_run(
     sim = SimConfig(
         kv_budget_tokens=budget, length_hint=length_hint, host_tier_tokens=host_tier_tokens
     )
-    wparams = dict(workload_params or {})
     capacity = None
     if load is not None:
         capacity = measure_capacity(workload, tuple(sorted(wparams.items())), pre, budget)
         rate = load * capacity
     else:
-        rate = rate_per_s if rate_per_s is not None else spec.default_rate_per_s
+        rate = rate_per_s if rate_per_s is not None else run_defaults(workload, wparams)[1]
     w = generate(workload, num_tasks=num_tasks, rate_per_s=rate, seed=seed, **wparams)
     check_fits(w, budget, sim.context_length)
     problems = validate(w, kv_budget_tokens=budget)

@@ -128,8 +128,8 @@ def compare_cells(pairs: Sequence[tuple[str, int, str, CellResult, CellResult]])
         by_sim = list(per.sort_values("mean_sim", kind="stable").index)
         by_ref = list(per.sort_values("mean_ref", kind="stable").index)
         rankings.append({
-            "workload": workload, "ranking_sim": " < ".join(by_sim), "ranking_ref": " < ".join(by_ref),
-            "same": by_sim == by_ref,
+            "workload": workload, "same": by_sim == by_ref,
+            "ranking_sim": " < ".join(by_sim), "ranking_ref": " < ".join(by_ref),
         })  # fmt: skip
     return FidelityReport(pd.DataFrame(cells, columns=COLUMNS), pd.DataFrame(rankings))
 

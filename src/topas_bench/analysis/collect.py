@@ -7,7 +7,8 @@ group (same identity but scheduler) and seed must share the workload sample
 (`workload_digest`); when they do not, the tree is an error, not a comparison.
 
 Metrics are recomputed from the files with the `METRICS` table (`summarize`), the same
-functions `run` uses; `run.json` contributes its counters (prefix hits, preemptions).
+functions `run` uses, under the SLO the caller gives (goodput); `run.json` contributes its
+counters (prefix hits, preemptions).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from topas_bench.analysis.metrics import RunTables, summarize
+from topas_bench.analysis.metrics import RunTables, Slo, stage_summary, summarize
 from topas_bench.errors import TopasError
 from topas_bench.results import TABLES, RunIdentity, read_meta, read_table
 
@@ -31,34 +32,40 @@ WITHIN_GROUP = ("scheduler", "scheduler_params", "seed")
 @dataclass
 class Collection:
     """`runs`: one row per usable run (identity fields, group key and label, scheduler label,
-    metrics); `jct`: each run's task JCTs by path; `problems`: what was left out and why."""
+    metrics); `jct`: each run's task JCTs by path; `stages`: per run (`path`) and stage kind,
+    `metrics.stage_summary`; `problems`: what was left out and why; `slo`: goodput's SLO."""
 
     root: Path
     runs: pd.DataFrame
     jct: dict[str, np.ndarray] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    stages: pd.DataFrame = field(default_factory=pd.DataFrame)
+    slo: Slo = field(default_factory=Slo)
 
 
-def collect(root: Path) -> Collection:
+def collect(root: Path, slo: Slo | None = None) -> Collection:
     if not root.is_dir():
         raise TopasError(f"{root}: not a directory of results")
     rows: list[dict[str, Any]] = []
-    coll = Collection(root, pd.DataFrame())
+    stages: list[dict[str, Any]] = []
+    coll = Collection(root, pd.DataFrame(), slo=slo or Slo())
     for run_dir in _run_dirs(root):
         try:
-            row, jct = _read_run(run_dir)
+            row, jct, per_stage = _read_run(run_dir, coll.slo)
         except TopasError as e:
             coll.problems.append(f"{_rel(run_dir, root)}: {e}".replace(f"{run_dir}/", ""))
             continue
         row["path"] = str(run_dir)
         rows.append(row)
         coll.jct[str(run_dir)] = jct
+        stages += [{"path": str(run_dir), "kind": k, **v} for k, v in per_stage.items()]
     if not rows:
         raise TopasError(f"{root}: no finished runs found" + _first(coll.problems))
     runs = pd.DataFrame(rows).sort_values(["group", "scheduler", "seed", "path"])
     _check_unique(runs, root)
     _check_samples(runs)
     coll.runs = runs.reset_index(drop=True)
+    coll.stages = pd.DataFrame(stages)
     return coll
 
 
@@ -76,7 +83,9 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted({p.parent for p in root.rglob("*") if p.name in names and p.is_file()})
 
 
-def _read_run(run_dir: Path) -> tuple[dict[str, Any], np.ndarray]:
+def _read_run(
+    run_dir: Path, slo: Slo
+) -> tuple[dict[str, Any], np.ndarray, dict[str, dict[str, float]]]:
     if not (run_dir / "run.json").is_file():
         raise TopasError("unfinished run (no run.json)")
     meta = read_meta(run_dir)
@@ -92,16 +101,17 @@ def _read_run(run_dir: Path) -> tuple[dict[str, Any], np.ndarray]:
             raise TopasError(f"partial run: {name}.parquet is missing")
     tasks = read_table(run_dir, "tasks")
     decisions = read_table(run_dir, "decisions")
-    for name in ("requests", "timeline"):
-        _check_parquet(run_dir / f"{name}.parquet")
+    requests = read_table(run_dir, "requests")
+    _check_parquet(run_dir / "timeline.parquet")
     if len(tasks) != ident.num_tasks or "jct_s" not in tasks:
         raise TopasError(f"partial run: {len(tasks)} of {ident.num_tasks} tasks recorded")
     digest = meta.get("workload_digest")
     if not isinstance(digest, str):
         raise TopasError("run.json has no workload_digest; cannot check the workload sample")
     counters = {k: float(v) for k, v in (meta.get("counters") or {}).items()}
-    metrics = summarize(RunTables(tasks, pd.DataFrame(), decisions, counters))
-    return _row(ident, meta, digest) | metrics, tasks["jct_s"].to_numpy(dtype=float)
+    metrics = summarize(RunTables(tasks, requests, decisions, counters, slo))
+    jct = tasks["jct_s"].to_numpy(dtype=float)
+    return _row(ident, meta, digest) | metrics, jct, stage_summary(requests)
 
 
 def _check_parquet(path: Path) -> None:
@@ -120,7 +130,7 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
     return {
         "group": key,
         "group_label": group_label(ident, load),
-        "workload": ident.workload,
+        "workload": workload_label(ident),
         "preset": ident.preset,
         "kv_budget_tokens": ident.kv_budget_tokens,
         "rate_per_s": ident.rate_per_s,
@@ -131,6 +141,12 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
         "seed": ident.seed,
         "workload_digest": digest,
     }
+
+
+def workload_label(ident: RunIdentity) -> str:
+    """The workload's name; a trace file (the `trace` workload) by its file name."""
+    file = ident.workload_params.get("file") if ident.workload == "trace" else None
+    return Path(str(file)).name if file else ident.workload
 
 
 def scheduler_label(name: str, params: dict[str, Any]) -> str:

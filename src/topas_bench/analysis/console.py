@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -46,13 +46,29 @@ def budget_line(plan: RunPlan) -> str:
     return f"KV budget {plan.kv_budget_tokens:,} tokens ({how})"
 
 
-def print_plan(console: Console, plan: RunPlan) -> None:
-    rate = f"Poisson rate {plan.rate_per_s:.4g} tasks/s"
+def workload_title(name: str, params: Mapping[str, Any]) -> str:
+    """A workload as a person names it: a trace file by its path."""
+    return str(params["file"]) if name == "trace" and "file" in params else name
+
+
+def arrivals_line(plan: RunPlan) -> str:
+    """How tasks arrive: Poisson at a rate, or a trace file's recorded times (rescaled)."""
+    scale = plan.workload.params.get("time_scale") if plan.workload_name == "trace" else None
+    if scale is not None and plan.rate_per_s == 0:
+        rate = "arrivals as recorded in the file (every task at t = 0)"
+    elif scale is not None:
+        how = "as recorded" if scale == 1 else f"as recorded, times x {scale:.4g}"
+        rate = f"arrivals {how} (mean rate {plan.rate_per_s:.4g} tasks/s)"
+    else:
+        rate = f"Poisson rate {plan.rate_per_s:.4g} tasks/s"
     if plan.load is not None and plan.capacity_tps is not None:
         rate += f" (load {plan.load:g} x measured capacity {plan.capacity_tps:.4g} tasks/s)"
-    console.print(
-        f"workload {plan.workload_name}: {plan.num_tasks} tasks, seed {plan.seed}, {rate}"
-    )
+    title = workload_title(plan.workload_name, plan.workload_params)
+    return f"workload {title}: {plan.num_tasks} tasks, seed {plan.seed}, {rate}"
+
+
+def print_plan(console: Console, plan: RunPlan) -> None:
+    console.print(arrivals_line(plan), markup=False)
     console.print(
         f"engine {plan.engine}, preset {plan.preset.name} ({plan.preset.gpu.name}, "
         f"{plan.preset.model.name}), {budget_line(plan)}"
@@ -65,7 +81,8 @@ def print_plan(console: Console, plan: RunPlan) -> None:
 
 
 def print_run_table(console: Console, plan: RunPlan, cells: Sequence[CellResult]) -> None:
-    table = Table(title=f"{plan.workload_name}: JCT per scheduler", title_justify="left")
+    title = workload_title(plan.workload_name, plan.workload_params)
+    table = Table(title=f"{title}: JCT per scheduler", title_justify="left")
     table.add_column("scheduler")
     for _, label in RUN_COLUMNS:
         table.add_column(label, justify="right")
@@ -97,7 +114,8 @@ def print_workloads(console: Console) -> None:
         table.add_column(col)
     for name in WORKLOADS:
         spec = WORKLOADS.get(name)
-        table.add_row(name, spec.description, f"{spec.default_rate_per_s:g}", spec.rate_note)
+        rate = "the file's" if spec.defaults is not None else f"{spec.default_rate_per_s:g}"
+        table.add_row(name, spec.description, rate, spec.rate_note)
     console.print(table)
 
 

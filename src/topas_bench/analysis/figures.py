@@ -1,12 +1,14 @@
-"""Seaborn figures of a results tree, each written as PNG and SVG (DESIGN section 8).
+"""Figures of a results tree, each written as PNG and SVG (DESIGN section 8).
 
+- `jct_relative`: mean and p99 JCT of each scheduler divided by the best baseline's, per
+  workload's main group (the one with the most schedulers, then the load nearest 0.8), with
+  paired 95% bootstrap intervals over the seeds (labelled with their number);
+- `jct_vs_load`: mean and p99 JCT and goodput against load, one panel per workload and metric;
+- `ablation`: TOPAS and its ablations, mean and p99 JCT in seconds from zero, with intervals;
+- `requests`: p99 TTFT, mean TPOT, mean queueing delay and goodput per scheduler;
 - `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group;
-- `jct_bars`: mean and p99 JCT per scheduler with the report's 95% bootstrap intervals, for
-  each workload's main group (the one with the most schedulers, then the load nearest 0.8);
-- `jct_vs_load`: mean and p99 JCT against load, for workloads run at two or more loads;
-- `timeline_<workload>`: resident agent prefixes and KV use over time of one run (TOPAS and
-  the best baseline on the same sample);
-- `ablation`: TOPAS's ablations' JCT relative to TOPAS, where the tree has them.
+- `stage_latency_<workload>`: mean latency per stage kind and scheduler (main group);
+- `timeline_<workload>`: TOPAS against Parrot over one run (`timeline`).
 
 Every number comes from the report rows or the run files; nothing is recomputed differently.
 Output is deterministic (fixed SVG ids, no timestamps) so regenerated figures diff cleanly.
@@ -21,16 +23,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from topas_bench.analysis.bootstrap import LEVEL, N_BOOT
 from topas_bench.analysis.collect import Collection
-from topas_bench.analysis.report import Report
+from topas_bench.analysis.report import Report, scheduler_order
+from topas_bench.analysis.timeline import timeline_figure
 from topas_bench.errors import TopasError
-from topas_bench.results import read_table
 from topas_bench.schedulers.registry import ABLATIONS, BASELINES
 
 MAIN = (*BASELINES, "topas")
+METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot, headless, with the figures' theme (a one-line error without it)."""
     try:
         import matplotlib
 
@@ -42,52 +47,63 @@ def _plt() -> Any:
         raise TopasError(
             "figures need matplotlib and seaborn: pip install 'topas-bench[figures]'"
         ) from None
-    sns.set_theme(style="whitegrid", context="paper")
+    sns.set_theme(style="whitegrid", context="notebook")
     plt.rcParams.update({"svg.hashsalt": "topas-bench", "svg.fonttype": "none"})
     return plt
-
-
-def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
-    """Every figure the tree supports, into `out`; returns the files written."""
-    plt = _plt()
-    out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-
-    def save(fig: Any, name: str, layout: bool = True) -> None:
-        if layout:  # a seaborn grid lays itself out around its legend
-            fig.tight_layout()
-        for ext, meta in (("png", {"Software": None}), ("svg", {"Date": None})):
-            path = out / f"{name}.{ext}"
-            fig.savefig(path, dpi=110, metadata=meta)
-            written.append(path)
-        plt.close(fig)
-
-    main = _main_groups(rep.rows)
-    palette = _palette(rep.rows["scheduler"].unique())
-    for workload, groups in rep.rows.groupby("workload", sort=False):
-        save(_cdf(plt, coll, groups, palette), f"jct_cdf_{workload}")
-    save(_bars(plt, main, palette), "jct_bars")
-    curves = _load_curves(rep.rows)
-    if not curves.empty:
-        save(_vs_load(plt, curves, palette), "jct_vs_load")
-    for _, row in main.drop_duplicates("workload").iterrows():
-        fig = _timeline(plt, coll, rep.rows, row)
-        if fig is not None:
-            save(fig, f"timeline_{row['workload']}")
-    abl = _ablations(rep.rows, main)
-    if not abl.empty:
-        save(_ablation_bars(plt, abl), "ablation", layout=False)
-    return written
 
 
 def _sns() -> Any:
     return importlib.import_module("seaborn")  # untyped; imported only for figures
 
 
-def _palette(labels: Any) -> dict[str, Any]:
-    sns = _sns()
-    names = sorted(labels, key=lambda s: (s not in MAIN, MAIN.index(s) if s in MAIN else 0, s))
-    return dict(zip(names, sns.color_palette("tab10", len(names)), strict=True))
+def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
+    """Every figure the tree supports, into `out`; returns the files written."""
+    plt = pyplot()
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        for ext, meta in (("png", {"Software": None}), ("svg", {"Date": None})):
+            path = out / f"{name}.{ext}"
+            fig.savefig(path, dpi=120, metadata=meta)
+            written.append(path)
+        plt.close(fig)
+
+    main = _main_groups(rep.rows)
+    palette = palette_for(rep.rows["scheduler"].unique())
+    save(_relative(plt, main, palette), "jct_relative")
+    curves = _load_curves(rep.rows)
+    if not curves.empty:
+        save(_vs_load(plt, curves, palette), "jct_vs_load")
+    abl = _ablations(rep.rows, main)
+    if not abl.empty:
+        save(_ablation_bars(plt, abl, palette), "ablation")
+    if (fig := _requests(plt, main, palette)) is not None:
+        save(fig, "requests")
+    for workload, groups in rep.rows.groupby("workload", sort=False):
+        save(_cdf(plt, coll, groups, palette), f"jct_cdf_{workload}")
+    for _, row in main.drop_duplicates("workload").iterrows():
+        stages = rep.stages[rep.stages["group"] == row["group"]]
+        if not stages.empty:
+            save(_stage_bars(plt, stages, row, palette), f"stage_latency_{row['workload']}")
+        fig = timeline_figure(plt, coll, rep.rows, str(row["group"]), palette)
+        if fig is not None:
+            save(fig, f"timeline_{row['workload']}")
+    return written
+
+
+#: Fixed colours, so a scheduler looks the same in every figure; TOPAS stands out in red.
+COLOURS = {
+    "fcfs": "tab:gray", "lpm": "tab:orange", "spf": "tab:green", "parrot": "tab:blue",
+    "autellix": "tab:purple", "topas": "tab:red",
+}  # fmt: skip
+OTHERS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy", "teal")
+
+
+def palette_for(labels: Any) -> dict[str, Any]:
+    rest = sorted(s for s in labels if s not in COLOURS)
+    return COLOURS | {s: OTHERS[i % len(OTHERS)] for i, s in enumerate(rest)}
 
 
 def _main_groups(rows: pd.DataFrame) -> pd.DataFrame:
@@ -101,42 +117,47 @@ def _main_groups(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(picks) if picks else pd.DataFrame()
 
 
-def _cdf(plt: Any, coll: Collection, rows: pd.DataFrame, palette: dict[str, Any]) -> Any:
-    groups = list(rows.groupby("group", sort=False))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
-    for ax, (gkey, g) in zip(axes[0], groups, strict=True):
-        runs = coll.runs[(coll.runs["group"] == gkey) & coll.runs["scheduler"].isin(MAIN)]
-        runs = runs.sort_values("scheduler", key=lambda c: c.map(MAIN.index), kind="stable")
-        for sched, r in runs.groupby("scheduler", sort=False):
-            seeds = g[g["scheduler"] == sched]["seeds"]
-            keep = {int(s) for s in str(seeds.iloc[0]).split(",")} if len(seeds) else set()
-            paths = r[r["seed"].isin(keep)]["path"]
-            jct = np.concatenate([coll.jct[p] for p in paths])
-            x = np.sort(jct)
-            ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=sched,
-                    color=palette[str(sched)])  # fmt: skip
-        ax.set(title=g.iloc[0]["group_label"].split(", a")[0], xlabel="JCT (s)",
-               ylabel="fraction of tasks")  # fmt: skip
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{rows.iloc[0]['workload']}: JCT CDF (tasks of all seeds)")
-    return fig
+def _seeds_note(rows: pd.DataFrame) -> str:
+    n = sorted({int(x) for x in rows["n_seeds"]})
+    seeds = "/".join(str(x) for x in n)
+    return (
+        f"error bars: {100 * LEVEL:.0f}% percentile-bootstrap interval over {seeds} seeds "
+        f"({N_BOOT:,} resamples)"
+    )
 
 
-def _bars(plt: Any, main: pd.DataFrame, palette: dict[str, Any]) -> Any:
+def _err(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    spread: np.ndarray = np.nan_to_num(np.vstack([y - lo, hi - y]).clip(min=0))
+    return spread
+
+
+def _relative(plt: Any, main: pd.DataFrame, palette: dict[str, Any]) -> Any:
     rows = main[main["scheduler"].isin(MAIN)]
     workloads = list(dict.fromkeys(rows["workload"]))
-    fig, axes = plt.subplots(2, len(workloads), figsize=(3.2 * len(workloads), 5.6), squeeze=False)
+    fig, axes = plt.subplots(2, len(workloads), figsize=(3.4 * len(workloads), 7.2),
+                             squeeze=False, sharey="row")  # fmt: skip
     for j, w in enumerate(workloads):
         d = rows[rows["workload"] == w]
-        for i, (col, name) in enumerate((("mean_jct_s", "mean"), ("p99_jct_s", "p99"))):
+        for i, (_, m) in enumerate(METRICS):
             ax = axes[i][j]
-            y = d[col].to_numpy()
-            err = np.vstack([y - d[f"{col}_lo"].to_numpy(), d[f"{col}_hi"].to_numpy() - y])
-            colors = [palette[s] for s in d["scheduler"]]
-            ax.bar(d["scheduler"], y, yerr=err, color=colors, capsize=3)
-            ax.set(title=f"{w}: {name} JCT" if i == 0 else f"{name} JCT", ylabel="s")
-            ax.tick_params(axis="x", rotation=60, labelsize=7)
-    fig.suptitle("JCT per scheduler (95% bootstrap interval over seeds)")
+            y = 1.0 - d[f"reduction_{m}"].to_numpy(dtype=float)
+            lo = 1.0 - d[f"reduction_{m}_hi"].to_numpy(dtype=float)
+            hi = 1.0 - d[f"reduction_{m}_lo"].to_numpy(dtype=float)
+            # points, not bars: a ratio's axis need not start at zero, a bar's must
+            spread = _err(y, lo, hi)
+            for x, sched in enumerate(d["scheduler"]):
+                ax.errorbar([x], [y[x]], yerr=spread[:, x : x + 1], fmt="o", markersize=7,
+                            capsize=4, color=palette[sched])  # fmt: skip
+            ax.set_xticks(range(len(d)), list(d["scheduler"]))
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            best = d.iloc[0][f"best_baseline_{m}"]
+            ax.set_title(f"{w}\n{m} JCT (best baseline: {best})" if i == 0 else
+                         f"{m} JCT (best baseline: {best})", fontsize=10)  # fmt: skip
+            ax.tick_params(axis="x", rotation=60, labelsize=8)
+            if j == 0:
+                ax.set_ylabel(f"{m} JCT / best baseline's\n(< 1: faster than the best baseline)")
+    fig.suptitle("JCT relative to the best baseline per workload\n" + _seeds_note(rows),
+                 fontsize=11)  # fmt: skip
     return fig
 
 
@@ -152,79 +173,32 @@ def _load_curves(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _vs_load(plt: Any, rows: pd.DataFrame, palette: dict[str, Any]) -> Any:
     workloads = list(dict.fromkeys(rows["workload"]))
-    fig, axes = plt.subplots(2, len(workloads), figsize=(4 * len(workloads), 6), squeeze=False)
+    panels = [("mean_jct_s", "mean JCT (s)"), ("p99_jct_s", "p99 JCT (s)")]
+    if rows["goodput_tps"].notna().any():
+        panels.append(("goodput_tps", "goodput (tasks/s)"))
+    fig, axes = plt.subplots(len(panels), len(workloads), squeeze=False,
+                             figsize=(4.6 * len(workloads), 3.3 * len(panels)))  # fmt: skip
+    scheds = list(dict.fromkeys(rows["scheduler"]))
     for j, w in enumerate(workloads):
         d = rows[rows["workload"] == w]
-        for i, col in enumerate(("mean_jct_s", "p99_jct_s")):
+        loads = np.sort(d["load"].unique())
+        step = float(np.diff(loads).min()) if len(loads) > 1 else 0.1
+        for i, (col, label) in enumerate(panels):
             ax = axes[i][j]
-            for sched, s in d.groupby("scheduler", sort=False):
+            for k, (sched, s) in enumerate(d.groupby("scheduler", sort=False)):
                 s = s.sort_values("load")
-                ax.plot(s["load"], s[col], marker="o", label=sched, color=palette[str(sched)])
-                ax.fill_between(s["load"], s[f"{col}_lo"], s[f"{col}_hi"], alpha=0.08,
-                                color=palette[str(sched)])  # fmt: skip
-            ax.set(title=f"{w}: {col.split('_')[0]} JCT", xlabel="load (x capacity)", ylabel="s")
-            ax.legend(fontsize=7)
-    fig.suptitle("JCT against load")
+                # dodge each scheduler a little along x so that the intervals do not overlap
+                x = s["load"].to_numpy() + (k - (len(scheds) - 1) / 2) * step * 0.06
+                y = s[col].to_numpy(dtype=float)
+                yerr = _err(y, s[f"{col}_lo"].to_numpy(), s[f"{col}_hi"].to_numpy())
+                ax.errorbar(x, y, yerr=yerr, marker="o", markersize=4, capsize=2, linewidth=1.3,
+                            label=sched, color=palette[str(sched)])  # fmt: skip
+            ax.set_title(w if i == 0 else "", fontsize=10)
+            ax.set(xlabel="load (x measured capacity)" if i == len(panels) - 1 else "",
+                   ylabel=label if j == 0 else "", xticks=loads)  # fmt: skip
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("JCT and goodput against load\n" + _seeds_note(rows), fontsize=11)
     return fig
-
-
-def _runs_of(coll: Collection, group: str, scheduler: str) -> pd.DataFrame:
-    r = coll.runs
-    return r[(r["group"] == group) & (r["scheduler"] == scheduler)].sort_values("seed")
-
-
-def _timeline(plt: Any, coll: Collection, rows: pd.DataFrame, row: pd.Series) -> Any | None:
-    group = rows[rows["group"] == row["group"]]
-    best = str(group.iloc[0]["best_baseline_mean"])
-    shown = [s for s in ("topas", best) if s and (group["scheduler"] == s).any()]
-    if not shown:
-        return None
-    seed = int(str(group.iloc[0]["seeds"]).split(",")[0])
-    fig, axes = plt.subplots(2, len(shown), figsize=(6 * len(shown), 5.5), squeeze=False,
-                             sharex="col", gridspec_kw={"height_ratios": [1, 1.3]})  # fmt: skip
-    for j, sched in enumerate(shown):
-        runs = _runs_of(coll, str(row["group"]), sched)
-        run_dir = Path(runs[runs["seed"] == seed]["path"].iloc[0])
-        tl = read_table(run_dir, "timeline")
-        _residency(axes[0][j], tl)
-        axes[0][j].set(title=f"{sched}: resident agent prefixes (seed {seed})")
-        _kv(axes[1][j], tl, int(row["kv_budget_tokens"]))
-    fig.suptitle(f"{row['workload']} ({row['group_label']})")
-    return fig
-
-
-def _residency(ax: Any, tl: pd.DataFrame) -> None:
-    agents = sorted({a for s in tl["resident_agents"] for a in str(s).split("|") if a})
-    start, end = tl["t_s"].to_numpy(), (tl["t_s"] + tl["duration_s"]).to_numpy()
-    for i, agent in enumerate(agents):
-        on = tl["resident_agents"].map(lambda s, a=agent: a in str(s).split("|")).to_numpy()
-        ax.broken_barh(_spans(on, start, end), (i - 0.4, 0.8), color="tab:blue", rasterized=True)
-    ax.set_yticks(range(len(agents)), agents, fontsize=7)
-
-
-def _spans(on: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[tuple[float, float]]:
-    """Merged (start, width) intervals where `on` holds: few rectangles, small SVGs."""
-    spans: list[tuple[float, float]] = []
-    i = 0
-    while i < on.size:
-        if on[i]:
-            j = i
-            while j + 1 < on.size and on[j + 1]:
-                j += 1
-            spans.append((float(start[i]), float(end[j] - start[i])))
-            i = j
-        i += 1
-    return spans
-
-
-def _kv(ax: Any, tl: pd.DataFrame, budget: int) -> None:
-    t = tl["t_s"].to_numpy()
-    cache, private = tl["kv_cache_tokens"].to_numpy(), tl["kv_private_tokens"].to_numpy()
-    ax.stackplot(t, cache, private, step="post", labels=["prefix cache", "running requests"],
-                 alpha=0.8, rasterized=True)  # fmt: skip
-    ax.axhline(budget, color="black", linewidth=0.8, linestyle="--", label="KV budget")
-    ax.set(xlabel="time (s)", ylabel="KV tokens")
-    ax.legend(fontsize=7, loc="lower right")
 
 
 def _ablations(rows: pd.DataFrame, main: pd.DataFrame) -> pd.DataFrame:
@@ -240,24 +214,91 @@ def _ablations(rows: pd.DataFrame, main: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(picks) if picks else pd.DataFrame()
 
 
-def _ablation_bars(plt: Any, abl: pd.DataFrame) -> Any:
-    sns = _sns()
-    rel: list[dict[str, Any]] = []
-    for w, d in abl.groupby("workload", sort=False):
-        top = d[d["scheduler"] == "topas"].iloc[0]
-        for _, r in d.iterrows():
-            for col, name in (("mean_jct_s", "mean"), ("p99_jct_s", "p99")):
-                rel.append({"workload": w, "scheduler": r["scheduler"], "metric": name,
-                            "relative JCT": r[col] / top[col]})  # fmt: skip
-    df = pd.DataFrame(rel)
-    g = sns.catplot(data=df, kind="bar", x="workload", y="relative JCT", hue="scheduler",
-                    col="metric", height=3.6, aspect=1.4, errorbar=None)  # fmt: skip
-    lo, hi = float(df["relative JCT"].min()), float(df["relative JCT"].max())
-    pad = max(0.02, (hi - lo) * 0.15)
-    for ax in g.axes.flat:
-        ax.set_ylim(min(lo, 1.0) - pad, max(hi, 1.0) + pad)  # the differences, not the bulk
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.tick_params(axis="x", rotation=30)
-    g.figure.suptitle("TOPAS ablations: JCT relative to topas (lower is better)")
-    g.tight_layout()
-    return g.figure
+def _grouped_bars(
+    ax: Any, d: pd.DataFrame, cats: list[str], col: str, palette: dict[str, Any], ci: bool
+) -> None:
+    """Bars of `col` per category (x) and scheduler (colour), from zero, with intervals."""
+    scheds = sorted(dict.fromkeys(d["scheduler"]), key=scheduler_order)
+    width = 0.8 / max(1, len(scheds))
+    for k, s in enumerate(scheds):
+        e = d[d["scheduler"] == s].set_index("cat").reindex(cats)
+        y = e[col].to_numpy(dtype=float)
+        x = np.arange(len(cats)) + (k - (len(scheds) - 1) / 2) * width
+        yerr = _err(y, e[f"{col}_lo"].to_numpy(), e[f"{col}_hi"].to_numpy()) if ci else None
+        ax.bar(x, y, width, yerr=yerr, capsize=2, label=s, color=palette.get(s))
+    ax.set_xticks(range(len(cats)), cats, rotation=20, fontsize=8)
+    ax.set_ylim(bottom=0)
+
+
+def _ablation_bars(plt: Any, abl: pd.DataFrame, palette: dict[str, Any]) -> Any:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), squeeze=False)
+    d = abl.assign(cat=abl["workload"])
+    cats = list(dict.fromkeys(d["cat"]))
+    for ax, (col, m) in zip(axes[0], METRICS, strict=True):
+        _grouped_bars(ax, d, cats, col, palette, ci=True)
+        ax.set(title=f"{m} JCT", ylabel=f"{m} JCT (s)")
+    axes[0][1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("TOPAS ablations (lower is better)\n" + _seeds_note(abl), fontsize=11)
+    return fig
+
+
+def _requests(plt: Any, main: pd.DataFrame, palette: dict[str, Any]) -> Any | None:
+    panels = [
+        ("ttft_p99_s", "p99 TTFT (s)", True), ("tpot_mean_ms", "mean TPOT (ms)", False),
+        ("queue_mean_s", "mean queueing delay (s)", False),
+        ("goodput_tps", "goodput (tasks/s)", True),
+    ]  # fmt: skip
+    d = main[main["scheduler"].isin(MAIN)].assign(cat=lambda x: x["workload"])
+    panels = [p for p in panels if d[p[0]].notna().any()]  # older runs lack goodput
+    if not panels:
+        return None
+    cats = list(dict.fromkeys(d["cat"]))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 2.0 * len(cats)), 12),
+                             squeeze=False)  # fmt: skip
+    for ax, (col, label, ci) in zip(axes[:, 0], panels, strict=True):
+        scaled = d.copy()
+        if col == "goodput_tps":  # per workload relative to its best scheduler: rates differ
+            top = scaled.groupby("cat")[col].transform("max")
+            for c in (col, f"{col}_lo", f"{col}_hi"):
+                scaled[c] = scaled[c] / top
+            label = "goodput / the best's"
+        _grouped_bars(ax, scaled, cats, col, palette, ci)
+        ax.set_ylabel(label)
+    axes[0][0].legend(fontsize=8, ncol=len(MAIN), loc="lower left", bbox_to_anchor=(0, 1.02))
+    fig.suptitle("Calls and goodput per scheduler (main group of each workload)\n"
+                 + _seeds_note(d).replace("error bars", "error bars (p99 TTFT, goodput)"),
+                 fontsize=11)  # fmt: skip
+    return fig
+
+
+def _stage_bars(plt: Any, stages: pd.DataFrame, row: pd.Series, palette: dict[str, Any]) -> Any:
+    d = stages[stages["scheduler"].isin(MAIN)].assign(cat=lambda x: x["kind"])
+    cats = list(dict.fromkeys(d["cat"]))
+    width = max(8.0, 0.3 * len(cats) * max(1, d["scheduler"].nunique()))
+    fig, ax = plt.subplots(figsize=(width, 4.2))
+    _grouped_bars(ax, d, cats, "mean_latency_s", palette, ci=False)
+    ax.set(ylabel="mean latency (s), send to finish", xlabel="stage kind")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"{row['workload']}: latency per stage kind, mean over seeds "
+                 f"({row['group_label']})", fontsize=10)  # fmt: skip
+    return fig
+
+
+def _cdf(plt: Any, coll: Collection, rows: pd.DataFrame, palette: dict[str, Any]) -> Any:
+    groups = list(rows.groupby("group", sort=False))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.4 * len(groups), 4.8), squeeze=False)
+    for ax, (gkey, g) in zip(axes[0], groups, strict=True):
+        runs = coll.runs[(coll.runs["group"] == gkey) & coll.runs["scheduler"].isin(MAIN)]
+        runs = runs.sort_values("scheduler", key=lambda c: c.map(MAIN.index), kind="stable")
+        for sched, r in runs.groupby("scheduler", sort=False):
+            seeds = g[g["scheduler"] == sched]["seeds"]
+            keep = {int(s) for s in str(seeds.iloc[0]).split(",")} if len(seeds) else set()
+            paths = r[r["seed"].isin(keep)]["path"]
+            x = np.sort(np.concatenate([coll.jct[p] for p in paths]))
+            ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=sched,
+                    color=palette[str(sched)], linewidth=1.6)  # fmt: skip
+        ax.set(title=g.iloc[0]["group_label"].split(", a")[0], xlabel="JCT (s)",
+               ylabel="fraction of tasks")  # fmt: skip
+        ax.legend(fontsize=9, loc="lower right")
+    fig.suptitle(f"{rows.iloc[0]['workload']}: JCT CDF (tasks of every seed pooled)")
+    return fig

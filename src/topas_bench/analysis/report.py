@@ -8,12 +8,16 @@ are used, so schedulers are compared on the same samples; a group whose schedule
 different seeds gets a note.
 
 Reductions are `1 - scheduler / best baseline`, the best baseline chosen per metric (mean and
-p99 JCT) as the lowest among `BASELINES` in the group, with a paired bootstrap interval. The
-paper's reductions (DESIGN section 5, TOPAS vs the best baseline) stand beside TOPAS's.
+p99 JCT) as the lowest among `BASELINES` in the group, with a paired bootstrap interval; every
+row has one (the best baseline's own is 0). The paper's reductions (DESIGN section 5, TOPAS vs
+the best baseline) stand beside TOPAS's only for runs made in the paper's setting
+(`paper_setting`). Request-level metrics (TTFT, TPOT, ITL, queueing, latency, goodput under the
+collection's SLO) and per-stage latencies come with every group (`metrics`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +27,9 @@ import pandas as pd
 
 from topas_bench.analysis.bootstrap import mean_ci, reduction_ci
 from topas_bench.analysis.collect import Collection
+from topas_bench.analysis.metrics import Slo
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
-from topas_bench.workloads.registry import WORKLOADS
+from topas_bench.workloads.registry import DEFAULT_LOAD, WORKLOADS
 
 #: TOPAS's mean / p99 JCT reduction vs the best baseline in the paper (DESIGN section 5).
 PAPER_REDUCTIONS: dict[str, tuple[float, float]] = {
@@ -34,13 +39,25 @@ PAPER_REDUCTIONS: dict[str, tuple[float, float]] = {
     "metagpt-sop": (0.098, 0.045),
     "metagpt-tl": (0.220, 0.266),
 }
+#: The setting our runs stand for the paper's in: its GPU and model at the derived KV budget,
+#: the workload's default parameters and rate (load 0.8), the simulator's default engine.
+PAPER_PRESET, PAPER_KV_BUDGET = "a100-qwen32b", 18_692
 JCT = ("mean_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s")
-OTHER = ("throughput_tps", "prefix_hit_rate", "preemptions", "decision_p50_ms", "decision_p99_ms")
+WITH_CI = (*JCT, "goodput_tps", "ttft_p99_s")
+REQUESTS = (
+    "ttft_mean_s", "tpot_mean_ms", "tpot_p99_ms", "itl_mean_ms", "queue_mean_s",
+    "queue_p99_s", "latency_mean_s", "latency_p99_s", "request_tps", "output_tok_s",
+)  # fmt: skip
+OTHER = (
+    "throughput_tps", "slo_attainment", "prefix_hit_rate", "preemptions", "decision_p50_ms",
+    "decision_p99_ms", *REQUESTS,
+)  # fmt: skip
 COMPARED = {"mean": "mean_jct_s", "p99": "p99_jct_s"}
 GROUP_COLUMNS = (
     "group", "group_label", "workload", "preset", "kv_budget_tokens", "rate_per_s", "load",
     "num_tasks",
 )  # fmt: skip
+STAGE_COLUMNS = ("calls", "mean_latency_s", "p99_latency_s", "mean_queue_s", "mean_ttft_s")
 
 
 @dataclass
@@ -49,11 +66,34 @@ class Report:
     rows: pd.DataFrame
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: per group, scheduler and stage kind: `STAGE_COLUMNS` averaged over the compared seeds
+    stages: pd.DataFrame = field(default_factory=pd.DataFrame)
+    slo: Slo = field(default_factory=Slo)
+
+
+def paper_setting(group_key: str, load: float) -> bool:
+    """Whether a group (its identity JSON, `collect.WITHIN_GROUP` left out, and its load) was
+    run in the paper's setting, so that the paper's reductions may stand beside it: load 0.8,
+    or without a load the workload's default rate."""
+    g = json.loads(group_key)
+    name = g["workload"]
+    if name not in PAPER_REDUCTIONS or name not in WORKLOADS:
+        return False
+    if math.isnan(load):
+        at_default = math.isclose(g["rate_per_s"], WORKLOADS.get(name).default_rate_per_s)
+    else:
+        at_default = math.isclose(load, DEFAULT_LOAD)
+    return bool(
+        at_default and g.get("engine", "sim") == "sim" and g["preset"] == PAPER_PRESET
+        and g["kv_budget_tokens"] == PAPER_KV_BUDGET and not g["workload_params"]
+        and not g["engine_params"]
+    )  # fmt: skip
 
 
 def build_report(coll: Collection) -> Report:
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    kept: list[pd.DataFrame] = []
     for _, g in _ordered_groups(coll.runs):
         seeds = _common_seeds(g)
         if any(set(s) != set(seeds) for s in g.groupby("scheduler")["seed"].apply(list)):
@@ -71,8 +111,11 @@ def build_report(coll: Collection) -> Report:
             )
         if seeds:
             g = g[g["seed"].isin(seeds)]
+        kept.append(g)
         rows += _group_rows(g.sort_values("seed"), compared=bool(seeds))
-    return Report(coll.root, pd.DataFrame(rows), notes, list(coll.problems))
+    runs = pd.concat(kept) if kept else coll.runs
+    return Report(coll.root, pd.DataFrame(rows), notes, list(coll.problems),
+                  _stage_rows(runs, coll.stages), coll.slo)  # fmt: skip
 
 
 def _ordered_groups(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -96,7 +139,7 @@ def _seed_list(seeds: Any) -> str:
     return ",".join(str(int(s)) for s in sorted(seeds)) or "none"
 
 
-def _scheduler_order(label: str) -> tuple[int, str]:
+def scheduler_order(label: str) -> tuple[int, str]:
     names = SCHEDULERS.names()
     base = label.split("[", 1)[0]
     return (names.index(base) if base in names else len(names), label)
@@ -105,20 +148,21 @@ def _scheduler_order(label: str) -> tuple[int, str]:
 def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
     first = g.iloc[0]
     per: dict[str, pd.DataFrame] = {str(s): d for s, d in g.groupby("scheduler")}
-    labels = sorted(per, key=_scheduler_order)
+    labels = sorted(per, key=scheduler_order)
     baselines = [s for s in labels if per[s].iloc[0]["scheduler_name"] in BASELINES]
     best: dict[str, str] = {}  # metric -> best baseline (none when nothing is compared)
     for m, col in COMPARED.items():
         means = {s: float(per[s][col].to_numpy().mean()) for s in baselines if compared}
         if means:
             best[m] = min(means, key=lambda s: (means[s], s))
-    paper = PAPER_REDUCTIONS.get(str(first["workload"]))
+    in_setting = paper_setting(first["group"], float(first["load"]))
+    paper = PAPER_REDUCTIONS.get(str(first["workload"])) if in_setting else None
     out = []
     for s in labels:
         d = per[s]
         row: dict[str, Any] = {c: first[c] for c in GROUP_COLUMNS}
         row |= {"scheduler": s, "seeds": _seed_list(d["seed"]), "n_seeds": len(d)}
-        for col in JCT:
+        for col in WITH_CI:
             row[col], row[f"{col}_lo"], row[f"{col}_hi"] = mean_ci(d[col].to_numpy())
         for col in OTHER:
             row[col] = float(d[col].mean())
@@ -126,7 +170,7 @@ def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
             ref = best.get(m)
             row[f"best_baseline_{m}"] = ref or ""
             r = (math.nan,) * 3
-            if ref is not None and s not in baselines:
+            if ref is not None:
                 r = reduction_ci(d[col].to_numpy(), per[ref][col].to_numpy())
             row[f"reduction_{m}"], row[f"reduction_{m}_lo"], row[f"reduction_{m}_hi"] = r
             is_topas = d.iloc[0]["scheduler_name"] == "topas" and s == "topas"
@@ -137,115 +181,12 @@ def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
     return out
 
 
-# -- rendering ---------------------------------------------------------------------------------
-
-
-def _ci(row: pd.Series, col: str, fmt: str = "{:.1f}") -> str:
-    v, lo, hi = row[col], row[f"{col}_lo"], row[f"{col}_hi"]
-    if _nan(v):
-        return "-"
-    if row["n_seeds"] < 2:
-        return fmt.format(v)
-    return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
-
-
-def _pct(v: Any) -> str:
-    return "-" if _nan(v) else f"{100 * v:.1f}%"
-
-
-def _nan(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def _reduction(row: pd.Series, m: str) -> str:
-    v = row[f"reduction_{m}"]
-    if _nan(v):
-        return "-"
-    if row["n_seeds"] < 2:
-        return _pct(v)
-    return f"{_pct(v)} [{_pct(row[f'reduction_{m}_lo'])}, {_pct(row[f'reduction_{m}_hi'])}]"
-
-
-def to_markdown(rep: Report) -> str:
-    lines = [
-        "# topas-bench report",
-        "",
-        f"Results: `{rep.root}`: {rep.rows.groupby('group').ngroups} groups, "
-        f"{len(rep.rows)} scheduler rows; {len(rep.problems)} run director"
-        f"{'y' if len(rep.problems) == 1 else 'ies'} left out.",
-        "",
-        "JCT in seconds: the mean over seeds of each run's statistic, with a 95% bootstrap "
-        "interval over seeds in brackets (10,000 resamples, seed 0). Reductions: "
-        "1 - scheduler / best baseline, the best baseline chosen per metric among "
-        f"{', '.join(BASELINES)}; positive = better than the best baseline.",
-        "",
-    ]
-    lines += _summary(rep.rows)
-    for workload, w in rep.rows.groupby("workload", sort=False):
-        lines += [f"## {workload}", ""]
-        for _, g in w.groupby("group", sort=False):
-            lines += _group_table(g)
-    if rep.notes:
-        lines += ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
-    if rep.problems:
-        lines += ["## Left out", ""] + [f"- {p}" for p in rep.problems] + [""]
-    return "\n".join(lines)
-
-
-def _summary(rows: pd.DataFrame) -> list[str]:
-    t = rows[rows["scheduler"] == "topas"]
-    if t.empty:
-        return []
-    out = [
-        "## TOPAS vs the best baseline",
-        "",
-        "| workload | setting | mean: best baseline | mean: reduction | paper | "
-        "p99: best baseline | p99: reduction | paper |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for _, r in t.iterrows():
-        out.append(
-            f"| {r['workload']} | {r['group_label']} | {r['best_baseline_mean'] or '-'} | "
-            f"{_reduction(r, 'mean')} | {_pct(r['paper_reduction_mean'])} | "
-            f"{r['best_baseline_p99'] or '-'} | {_reduction(r, 'p99')} | "
-            f"{_pct(r['paper_reduction_p99'])} |"
-        )
-    return [*out, ""]
-
-
-def _group_table(g: pd.DataFrame) -> list[str]:
-    first = g.iloc[0]
-    seeds = first["seeds"]
-    out = [
-        f"### {first['group_label']}, seeds {seeds}",
-        "",
-        "| scheduler | mean JCT | p50 | p90 | p99 | tasks/s | prefix hit | preempt | "
-        "decision p50 / p99 ms | mean vs best | p99 vs best |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for _, r in g.iterrows():
-        dec = "-" if _nan(r["decision_p50_ms"]) else (
-            f"{r['decision_p50_ms']:.3f} / {r['decision_p99_ms']:.3f}"
-        )  # fmt: skip
-        out.append(
-            f"| {r['scheduler']} | {_ci(r, 'mean_jct_s')} | {_ci(r, 'p50_jct_s')} | "
-            f"{_ci(r, 'p90_jct_s')} | {_ci(r, 'p99_jct_s')} | {r['throughput_tps']:.4f} | "
-            f"{_pct(r['prefix_hit_rate'])} | {r['preemptions']:.0f} | {dec} | "
-            f"{_reduction(r, 'mean')} | {_reduction(r, 'p99')} |"
-        )
-    if first["best_baseline_mean"]:
-        out.append("")
-        out.append(
-            f"Best baseline: mean JCT `{first['best_baseline_mean']}`, "
-            f"p99 JCT `{first['best_baseline_p99']}`."
-        )
-    return [*out, ""]
-
-
-def write_report(rep: Report, out: Path) -> list[Path]:
-    """`out/report.md` and `out/report.csv` (one row per group and scheduler)."""
-    out.mkdir(parents=True, exist_ok=True)
-    md, csv = out / "report.md", out / "report.csv"
-    md.write_text(to_markdown(rep) + "\n")
-    rep.rows.drop(columns=["group"]).to_csv(csv, index=False, float_format="%.6g")
-    return [md, csv]
+def _stage_rows(runs: pd.DataFrame, stages: pd.DataFrame) -> pd.DataFrame:
+    if stages.empty or runs.empty:
+        return pd.DataFrame(columns=["group", "scheduler", "kind", *STAGE_COLUMNS])
+    joined = stages.merge(runs[["path", "group", "scheduler"]], on="path")
+    return (
+        joined.groupby(["group", "scheduler", "kind"], sort=False)[list(STAGE_COLUMNS)]
+        .mean()
+        .reset_index()
+    )

@@ -1,22 +1,18 @@
 """`topas-bench trace ...`: import recorded MetaGPT call traces, record new ones.
 
-Registered in `topas_bench.cli` as a sub-app. The shared consoles and error handling of
-`topas_bench.cli` are imported when a command runs (no import cycle at load time).
+Registered in `topas_bench.cli` as a sub-app; the consoles and error handling come from
+`topas_bench.cli_common`.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated
 
 import typer
 
+from topas_bench.cli_common import handles_errors, out
 from topas_bench.workloads.model import Workload
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 trace_app = typer.Typer(
     no_args_is_help=True,
@@ -24,38 +20,35 @@ trace_app = typer.Typer(
 )
 
 
-def _handled(fn: Callable[P, R]) -> Callable[P, R]:
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        from topas_bench.cli import handles_errors
-
-        return handles_errors(fn)(*args, **kwargs)
-
-    return wrapper
-
-
 def _default_out(path: Path) -> Path:
-    return Path(path.name.removesuffix(".jsonl") + ".workload.jsonl")
+    """`<FILE>.workload.jsonl` beside FILE (never silently into the current directory)."""
+    return path.with_name(path.name.removesuffix(".jsonl") + ".workload.jsonl")
 
 
 def _write(w: Workload, output: Path) -> None:
-    from topas_bench.cli import out
     from topas_bench.workloads.trace import dump_workload
 
     dump_workload(w, output)
     calls = sum(len(t.stages) for t in w.tasks)
     prefixes = ", ".join(f"{a.name} {a.prefix_tokens}" for a in w.agents)
-    out.print(f"wrote {output}: {len(w.tasks)} task(s), {calls} calls; agent prefixes: {prefixes}")
+    out.print(
+        f"wrote {output}: {len(w.tasks)} task(s), {calls} calls, prefix mode "
+        f"{w.params.get('prefix_mode', '-')}; agent prefixes: {prefixes}",
+        markup=False,
+    )
+    out.print(f"run it: topas-bench run -w {output}", markup=False)
 
 
 @trace_app.command("import")
-@_handled
+@handles_errors
 def trace_import(
     file: Annotated[Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).")],
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="Workload trace to write (default: <FILE>.workload.jsonl here)."
+            "--output",
+            "-o",
+            help="Workload trace to write (default: <FILE>.workload.jsonl beside FILE).",
         ),
     ] = None,
     tasks: Annotated[int, typer.Option("--tasks", "-n", help="Replicate the job as N tasks.")] = 1,
@@ -64,8 +57,12 @@ def trace_import(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the arrivals.")] = 0,
     prefix_mode: Annotated[
-        str, typer.Option(help="`faithful` (as recorded) or `cache-friendly` (timestamps frozen).")
-    ] = "faithful",
+        str,
+        typer.Option(
+            help="`cache-friendly` (system prompts whole, timestamps frozen, SOP templates in "
+            "front of the content, as the MetaGPT workloads) or `faithful` (as recorded)."
+        ),
+    ] = "cache-friendly",
     kv_budget: Annotated[
         int | None, typer.Option("--kv-budget", help="Also check every call fits this KV budget.")
     ] = None,
@@ -87,7 +84,7 @@ def trace_import(
 
 
 @trace_app.command("record")
-@_handled
+@handles_errors
 def trace_record(
     idea: Annotated[str, typer.Option(help="The one-line software idea to build.")],
     base_url: Annotated[
@@ -99,7 +96,8 @@ def trace_record(
         Path, typer.Option("--output", "-o", help="Call trace to write (JSONL).")
     ] = Path("metagpt-calls.jsonl"),
     workload_output: Annotated[
-        Path | None, typer.Option(help="Imported workload (default: <OUTPUT>.workload.jsonl here).")
+        Path | None,
+        typer.Option(help="Imported workload (default: <OUTPUT>.workload.jsonl beside OUTPUT)."),
     ] = None,
     keep_text: Annotated[bool, typer.Option(help="Also store prompts and completions.")] = False,
     run_tests: Annotated[bool, typer.Option(help="sop: hire the QaEngineer too.")] = False,
@@ -124,7 +122,6 @@ def trace_record(
       topas-bench trace record --workflow tl --metagpt-src ../MetaGPT --idea "a 2048 game" \\
         --base-url http://127.0.0.1:30000/v1 --model qwen -o tl-calls.jsonl
     """
-    from topas_bench.cli import out
     from topas_bench.recorder.record import record
     from topas_bench.workloads.metagpt_import import import_trace
 

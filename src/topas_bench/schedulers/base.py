@@ -18,97 +18,17 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.model import Segment
-
-if TYPE_CHECKING:
-    from topas_bench.schedulers.estimator import ServiceEstimator
-
-
-class StageState(enum.IntEnum):
-    """Where a stage of a live task is."""
-
-    BLOCKED = 0  # some dependency has not finished
-    DELAYED = 1  # dependencies done, the client's tool delay is running
-    WAITING = 2  # in the server's waiting queue
-    RUNNING = 3  # admitted: prefilling or decoding
-    DONE = 4
+from topas_bench.schedulers.estimator import ServiceEstimator
+from topas_bench.schedulers.request import RequestView, StageState, StageView
 
 
 class PrefixLocation(enum.IntEnum):
     NONE = 0
     HOST = 1
     GPU = 2
-
-
-class RequestView(Protocol):
-    """A request as a server sees it. Never carries the true output length."""
-
-    @property
-    def rid(self) -> int: ...
-    @property
-    def task_id(self) -> str: ...
-    @property
-    def stage_id(self) -> str: ...
-    @property
-    def agent(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def prompt(self) -> Sequence[Segment]:
-        """The prompt's segments (what the server's tokenizer sees, as content keys)."""
-        ...
-
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def generated(self) -> int:
-        """Output tokens produced so far (kept across a preemption only as a count)."""
-        ...
-
-    @property
-    def ready_s(self) -> float:
-        """When the client sent the request."""
-        ...
-
-    @property
-    def queued_s(self) -> float:
-        """When it last entered the waiting queue (later than `ready_s` after a preemption)."""
-        ...
-
-    @property
-    def admitted_s(self) -> float | None: ...
-    @property
-    def preemptions(self) -> int: ...
-    @property
-    def service_s(self) -> float:
-        """Time spent in engine iterations so far (attained service, seconds)."""
-        ...
-
-
-class StageView(Protocol):
-    """A stage of a live task, without its true output length."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def agent(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def deps(self) -> tuple[str, ...]: ...
-    @property
-    def children(self) -> tuple[str, ...]: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def delay_s(self) -> float: ...
-    @property
-    def state(self) -> StageState: ...
-    @property
-    def request(self) -> RequestView | None: ...
 
 
 class TaskView(Protocol):
@@ -309,3 +229,23 @@ class OrderingPolicy(Policy):
 
     def decide(self, view: EngineView) -> Decision:
         return Decision(admit=sorted(view.waiting, key=lambda r: self.sort_key(r, view)))
+
+
+__all__ = [
+    "Decision",
+    "EngineView",
+    "InvalidParameter",
+    "OrderingPolicy",
+    "Policy",
+    "PrefixLocation",
+    "PrefixView",
+    "RequestView",
+    "ServiceEstimator",
+    "StageState",
+    "StageView",
+    "TaskView",
+    "reject_unknown",
+    "require_bool",
+    "require_int",
+    "require_number",
+]

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from topas_bench.schedulers.base import RequestView, StageView
+from topas_bench.schedulers.request import RequestView, StageView
 
 
 class CostLike(Protocol):

@@ -36,6 +36,7 @@ from topas_bench.results import TABLES, reusable
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import Group, SweepSpec
+from topas_bench.workloads.registry import run_defaults
 from topas_bench.workloads.trace import dumps_workload, loads_workload
 
 CAPACITY_FILE = "capacity.json"
@@ -195,11 +196,11 @@ def run_sweep(
 def _check_names(specs: Sequence[SweepSpec]) -> None:
     """Unknown names and bad parameters fail before anything runs."""
     from topas_bench.schedulers.registry import make_policy
-    from topas_bench.workloads.registry import WORKLOADS
+    from topas_bench.workloads.registry import resolve
 
     for spec in specs:
         for w in spec.workloads:
-            WORKLOADS.get(w)
+            resolve(w, spec.workload_params.get(w, {}))
         for p in spec.presets:
             load_preset(p)
         for s in spec.schedulers:
@@ -278,13 +279,14 @@ def _plans(
         for g in spec.groups():
             cap = caps[_cap_key(spec, g)] if g.load is not None else None
             rate = g.load * cap if g.load is not None and cap is not None else g.rate_per_s
+            params = spec.workload_params.get(g.workload, {})
+            tasks = spec.num_tasks or run_defaults(g.workload, params)[0]
             plan = plan_run(
-                workload=g.workload, schedulers=spec.schedulers, num_tasks=spec.num_tasks,
+                workload=g.workload, schedulers=spec.schedulers, num_tasks=tasks,
                 seed=g.seed, rate_per_s=rate,
                 preset=g.preset, kv_budget_tokens=g.kv_budget_tokens,
                 length_hint=spec.length_hint, host_tier_tokens=spec.host_tier_tokens, out=out,
-                workload_params=spec.workload_params.get(g.workload, {}),
-                scheduler_params=spec.scheduler_params,
+                workload_params=params, scheduler_params=spec.scheduler_params,
             )  # fmt: skip
             if g.load is not None:
                 plan = replace(plan, load=g.load, capacity_tps=cap)

@@ -21,10 +21,11 @@ top-level keys), e.g. a main comparison plus an ablation and a load curve:
     [scheduler_params.topas]
     beta = 0.2
 
-Keys: workloads, schedulers (names or groups as in `run --scheduler`: `all`, `baselines`,
-`ablations`, `everything`, `fcfs,lpm`; a list is their union in order), seeds, loads
-or rates (never both; neither = each workload's default rate), presets, kv_budgets (tokens,
-or "derived" for the preset's), tasks, length_hint, host_tier_tokens, workload_params and
+Keys: workloads (registered names or trace files, docs/workload-format.md), schedulers (names
+or groups as in `run --scheduler`: `all`, `baselines`, `ablations`, `everything`, `fcfs,lpm`; a
+list is their union in order), seeds, loads or rates (never both; neither = each workload's
+default rate), presets, kv_budgets (tokens, or "derived" for the preset's), tasks (default:
+200; a trace file: all of its), length_hint, host_tier_tokens, workload_params and
 scheduler_params (tables keyed by workload / scheduler name), out. An unknown key, a value of
 the wrong type or an unknown name is a `TopasError` naming the file and key.
 """
@@ -68,7 +69,7 @@ class SweepSpec:
     rates: tuple[float, ...] = ()
     presets: tuple[str, ...] = (DEFAULT_PRESET,)
     kv_budgets: tuple[int | None, ...] = (None,)
-    num_tasks: int = 200
+    num_tasks: int | None = None  # None: each workload's default (200; a trace file: all)
     length_hint: LengthHint = "none"
     host_tier_tokens: int = 0
     workload_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -90,7 +91,7 @@ class SweepSpec:
             raise TopasError("sweep: `seeds` must be >= 0")
         if any(b is not None and b < 1 for b in self.kv_budgets):
             raise TopasError("sweep: `kv_budgets` must be positive token counts or 'derived'")
-        if self.num_tasks < 1:
+        if self.num_tasks is not None and self.num_tasks < 1:
             raise TopasError(f"sweep: `tasks` must be a positive integer, got {self.num_tasks}")
         if self.host_tier_tokens < 0:
             raise TopasError("sweep: `host_tier_tokens` must be >= 0")
@@ -178,7 +179,7 @@ def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
         rates=tuple(float(x) for x in _list(source, "rates", raw.get("rates", []), (int, float))),
         presets=tuple(_list(source, "presets", raw.get("presets", [DEFAULT_PRESET]), str)),
         kv_budgets=tuple(kv),
-        num_tasks=_scalar(source, "tasks", raw.get("tasks", 200), int),
+        num_tasks=_scalar(source, "tasks", raw["tasks"], int) if "tasks" in raw else None,
         length_hint="oracle" if hint == "oracle" else "none",
         host_tier_tokens=_scalar(source, "host_tier_tokens", raw.get("host_tier_tokens", 0), int),
         workload_params=_tables(source, "workload_params", raw.get("workload_params", {})),

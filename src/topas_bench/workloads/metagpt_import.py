@@ -19,10 +19,13 @@ replicated as ``num_tasks`` tasks with Poisson arrivals at ``rate_per_s``. Each 
   recorded prefixes. When the role's previous call is another agent (e.g. write_new_code between
   two thinks), the recording says nothing about the overlap, and only the agent prefix is
   shared (a lower bound).
-- Agent prefix, ``prefix_mode``: ``faithful`` (default: as recorded) = the system prompt, cut to
-  the least prefix its calls really shared (a RoleZero system prompt with the time in it shares
-  only ~41 tokens between calls a second apart); ``cache-friendly`` = the whole system prompt
-  (timestamp frozen), which then also counts as shared between the agent's calls.
+- Agent prefix, ``prefix_mode``: ``cache-friendly`` (default, as the MetaGPT generators) = the
+  whole system prompt (timestamp frozen), which then also counts as shared between the agent's
+  calls, plus, for MetaGPT 0.8.2's SOP actions, the action's fixed template moved in front of
+  the job's content (`Layout`; sizes of `metagpt-sop-full`, measured on 0.8.2's source), one
+  agent per (role, action); ``faithful`` = as recorded: the system prompt, cut to the least
+  prefix its calls really shared (a RoleZero system prompt with the time in it shares only ~41
+  tokens between calls a second apart), templates after the content as recorded.
 - Outputs: ``completion_tokens`` (at least 1; ``max_new_tokens`` = output, as the generators).
 """
 
@@ -32,7 +35,7 @@ import itertools
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +44,7 @@ from topas_bench.errors import TopasError
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.metagpt import PREFIX_MODES
 from topas_bench.workloads.metagpt_calls import Call, load_calls, parse_calls
+from topas_bench.workloads.metagpt_sop_full import SopFullParams
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key
 from topas_bench.workloads.trace import TraceError, validate
 
@@ -56,7 +60,7 @@ def calls_to_workload(
     num_tasks: int = 1,
     rate_per_s: float | None = None,
     seed: int = 0,
-    prefix_mode: str = "faithful",
+    prefix_mode: str = PREFIX_MODES[0],
     kv_budget_tokens: int | None = None,
 ) -> Workload:
     """The recorded job as a workload (module docstring); raises `TopasError` on bad options."""
@@ -95,8 +99,9 @@ def recorded_job(
 ) -> tuple[tuple[Agent, ...], tuple[Stage, ...]]:
     """The agents and the stages of the recorded job; segment keys other than agent prefixes
     are relative (``c<id>/p<n>``): `for_task` puts them under a task id."""
-    agent_of, prefix = _agents(calls, prefix_mode)
-    stages = _stages(calls, agent_of, prefix, prefix_mode)
+    layouts = _layouts(calls, prefix_mode)
+    agent_of, prefix = _agents(calls, prefix_mode, layouts)
+    stages = _stages(calls, agent_of, prefix, layouts, prefix_mode)
     return tuple(Agent(a, p) for a, p in prefix.items()), tuple(stages)
 
 
@@ -111,16 +116,74 @@ def for_task(stages: Sequence[Stage], task_id: str) -> tuple[Stage, ...]:
     )  # fmt: skip
 
 
-def _agents(calls: Sequence[Call], mode: str) -> tuple[dict[int, str], dict[str, int]]:
-    """Call id -> agent name; agent name -> prefix tokens."""
-    sizes: dict[str, list[int]] = {}
-    for c in calls:
-        if c.system_tokens not in sizes.setdefault(c.role, []):
-            sizes[c.role].append(c.system_tokens)
-    agent_of = {
-        c.id: c.role if len(sizes[c.role]) == 1 else f"{c.role}/{c.system_tokens}" for c in calls
+@dataclass(frozen=True)
+class Layout:
+    """Where a call's fixed template sits: `before` the content (a header, in every mode),
+    `after` it (moved in front by cache-friendly), and whether the call is a rewrite."""
+
+    before: int = 0
+    after: int = 0
+    rewrite: bool = False
+
+
+def sop_templates() -> dict[str, tuple[int, int]]:
+    """MetaGPT 0.8.2's SOP actions: (template before, template after the content), tokens."""
+    p = SopFullParams()
+    return {
+        "WritePRD": (0, p.prd_template_tokens),
+        "WriteDesign": (0, p.design_template_tokens),
+        "WriteTasks": (0, p.tasks_template_tokens),
+        "WriteCode": (p.code_header_tokens, p.code_template_tokens),
+        "WriteCodeReview": (p.review_header_tokens, p.review_template_tokens),
+        "WriteTest": (p.test_header_tokens, p.test_template_tokens),
+        "RunCode": (p.run_header_tokens, p.run_template_tokens),
     }
-    prefix = {agent_of[c.id]: c.system_tokens for c in calls}
+
+
+def _layouts(calls: Sequence[Call], mode: str) -> dict[int, Layout]:
+    """Cache-friendly: each SOP call's template. A WriteCodeReview call shorter than the review
+    of its role just before it, which it extends, is a rewrite: the review's prompt without its
+    instruction, the review and a rewrite instruction. It keeps the review agent's prefix, so it
+    carries the review template too (+`after` tokens, as `metagpt-sop-full` models it). An
+    action any of whose calls is too short for its template is left as recorded."""
+    if mode != "cache-friendly":
+        return {}
+    found: dict[int, Layout] = {}
+    for c, prev in _with_prev_of_role(calls):
+        if (t := sop_templates().get(c.action)) is not None:
+            rewrite = (
+                prev is not None and prev.action == c.action == "WriteCodeReview"
+                and c.prompt_tokens < prev.prompt_tokens and c.lcp > c.system_tokens + t[0]
+            )  # fmt: skip
+            found[c.id] = Layout(t[0], t[1], rewrite)
+    short = {
+        c.action for c in calls
+        if c.id in found and c.rest_tokens < found[c.id].before + found[c.id].after
+        and not found[c.id].rewrite
+    }  # fmt: skip
+    action = {c.id: c.action for c in calls}
+    return {i: x for i, x in found.items() if action[i] not in short}
+
+
+def _agents(
+    calls: Sequence[Call], mode: str, layouts: dict[int, Layout]
+) -> tuple[dict[int, str], dict[str, int]]:
+    """Call id -> agent name; agent name -> prefix tokens. An agent is a (role, system prompt
+    size) pair, or with a moved template a (role, action) pair, named after the role alone when
+    the role has one."""
+    keys: dict[int, tuple[str, str]] = {
+        c.id: (c.action, c.action) if c.id in layouts else (str(c.system_tokens), "") for c in calls
+    }
+    per_role: dict[str, set[tuple[str, str]]] = {}
+    for c in calls:
+        per_role.setdefault(c.role, set()).add(keys[c.id])
+    agent_of = {
+        c.id: c.role if len(per_role[c.role]) == 1 else f"{c.role}/{keys[c.id][0]}" for c in calls
+    }
+    prefix = {}
+    for c in calls:
+        x = layouts.get(c.id, Layout())
+        prefix[agent_of[c.id]] = c.system_tokens + x.before + x.after
     if mode == "faithful":  # as recorded: the least prefix the agent's calls shared
         for c, prev in _with_prev_of_role(calls):
             if prev is not None and agent_of[prev.id] == agent_of[c.id]:
@@ -145,20 +208,30 @@ Piece = tuple[int, int]
 
 
 def _stages(
-    calls: Sequence[Call], agent_of: dict[int, str], prefix: dict[str, int], mode: str
+    calls: Sequence[Call],
+    agent_of: dict[int, str],
+    prefix: dict[str, int],
+    layouts: dict[int, Layout],
+    mode: str,
 ) -> list[Stage]:
     pieces: dict[int, list[Piece]] = {}
+    length: dict[int, int] = {}  # call id -> its prompt tokens here (a rewrite gains a template)
     for c, prev in _with_prev_of_role(calls):
         a = agent_of[c.id]
-        head = min(prefix[a], c.prompt_tokens)
+        x = layouts.get(c.id)
+        length[c.id] = c.prompt_tokens + (x.after if x is not None and x.rewrite else 0)
+        head = min(prefix[a], length[c.id])
         shared = head
         if prev is not None and agent_of[prev.id] == a:
-            recorded = max(c.lcp, c.system_tokens) if mode == "cache-friendly" else c.lcp
-            shared = max(head, min(recorded, prev.prompt_tokens, c.prompt_tokens))
+            # what the recording shares past the system prompt (and a header) moves behind
+            # the agent prefix; as recorded, it is the recorded shared length
+            front = c.system_tokens + (x.before if x is not None else 0)
+            recorded = prefix[a] + max(0, c.lcp - front) if mode == "cache-friendly" else c.lcp
+            shared = max(head, min(recorded, length[prev.id], length[c.id]))
         body = (
             _take(pieces[prev.id][1:], shared - head) if prev is not None and shared > head else []
         )
-        own = c.prompt_tokens - shared
+        own = length[c.id] - shared
         pieces[c.id] = [(-1, head), *body, *([(c.id, own)] if own else [])]
     cuts: dict[int, set[int]] = {}
     for ps in pieces.values():
@@ -208,7 +281,7 @@ def import_trace(
     num_tasks: int = 1,
     rate_per_s: float | None = None,
     seed: int = 0,
-    prefix_mode: str = "faithful",
+    prefix_mode: str = PREFIX_MODES[0],
     name: str | None = None,
     kv_budget_tokens: int | None = None,
 ) -> Workload:

@@ -7,7 +7,8 @@ Every task is the recorded job, converted as `trace import` does (`metagpt_impor
 and parameters go through the registry's `build_workload` like every generator. ``file`` is a
 path to a recorded call trace or the name of a packaged one (``sop-2048-offline`` (default),
 ``sop-qa-2048-offline``, ``tl-2048-offline``; the last needs a KV budget above 19,621 tokens).
-``prefix_mode``: ``faithful`` (as recorded, default) or ``cache-friendly``.
+``prefix_mode``: ``cache-friendly`` (default, as every MetaGPT workload and `trace import`) or
+``faithful`` (as recorded).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.metagpt import check_prefix_mode
+from topas_bench.workloads.metagpt import PREFIX_MODES, check_prefix_mode
 from topas_bench.workloads.metagpt_import import for_task, load_calls, recorded_job
 from topas_bench.workloads.model import Agent, Stage, Workload
 from topas_bench.workloads.registry import build_workload
@@ -32,7 +33,7 @@ PACKAGED = ("sop-2048-offline", "sop-qa-2048-offline", "tl-2048-offline")
 @dataclass(frozen=True)
 class ReplayParams:
     file: str = PACKAGED[0]
-    prefix_mode: str = "faithful"
+    prefix_mode: str = PREFIX_MODES[0]
 
     def __post_init__(self) -> None:
         check_prefix_mode(self.prefix_mode)

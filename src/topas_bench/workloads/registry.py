@@ -12,12 +12,17 @@ workload. Arrivals and contents come from two child streams of that one generato
 n tasks are the same for any `num_tasks` >= n, and a different rate only rescales the arrival
 times (the contents stay identical), which keeps load sweeps comparable.
 
+Any name a workload is given by may also be a trace file's path (`resolve`): it runs as the
+`trace` workload (`trace_file`) with ``file`` set, so `run -w my-trace.jsonl` and sweep files
+take files like names.
+
 Adding a workload = one generator module + one line below.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from importlib import import_module
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 import numpy as np
 
-from topas_bench.errors import TopasError
+from topas_bench.errors import TopasError, UnknownNameError
 from topas_bench.registry import Registry
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.model import Agent, Stage, Task, Workload
@@ -45,6 +50,7 @@ class WorkloadSpec:
 
     `default_rate_per_s` is the Poisson arrival rate used when a run does not give one;
     `rate_note` says where it comes from (e.g. a fraction of measured capacity on a preset).
+    `defaults`, when set, gives (tasks, rate) from the parameters instead (a file's own).
     """
 
     name: str
@@ -52,9 +58,38 @@ class WorkloadSpec:
     default_rate_per_s: float
     rate_note: str
     make: MakeFn
+    defaults: Callable[[Mapping[str, Any]], tuple[int, float]] | None = None
 
 
 WORKLOADS: Registry[WorkloadSpec] = Registry("workload")
+
+#: Tasks of a run that does not say (`run`, `sweep`, `workloads export`); a file: all of its.
+DEFAULT_TASKS = 200
+
+
+def resolve(name: str, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """(registered name, parameters): a registered name as it is; a trace file's path as the
+    `trace` workload with ``file`` set. Anything else fails naming the known workloads."""
+    params = dict(params or {})
+    if name in WORKLOADS:
+        return name, params
+    if name.endswith(".jsonl") or os.sep in name or "/" in name or os.path.isfile(name):
+        if not os.path.isfile(name):
+            raise TopasError(f"workload file {name}: no such file")
+        if params.get("file", name) != name:
+            raise TopasError(f"workload {name} is a file; it takes no other `file` parameter")
+        return "trace", {"file": name, **params}
+    known = ", ".join(WORKLOADS.names())
+    raise UnknownNameError(f"unknown workload {name!r}; known: {known}; or a trace file's path")
+
+
+def run_defaults(name: str, params: Mapping[str, Any] | None = None) -> tuple[int, float]:
+    """(tasks, rate per second) of a run of `name` that gives neither."""
+    name, params = resolve(name, params)
+    spec = WORKLOADS.get(name)
+    if spec.defaults is not None:
+        return spec.defaults(params)
+    return DEFAULT_TASKS, spec.default_rate_per_s
 
 
 def generate(
@@ -65,15 +100,17 @@ def generate(
     seed: int = 0,
     **overrides: Any,
 ) -> Workload:
-    """Build workload `name` with `num_tasks` Poisson arrivals at `rate_per_s` (None = default).
+    """Build workload `name` (or a trace file, `resolve`) with `num_tasks` Poisson arrivals at
+    `rate_per_s` (None = default).
 
     `overrides` replace the family's parameters by name, e.g.
     ``generate("chain3", num_tasks=3, prefix_tokens=1000)``. Unknown names and bad values raise
     `TopasError` with a one-line message.
     """
+    name, params = resolve(name, overrides)
     spec = WORKLOADS.get(name)
-    rate = spec.default_rate_per_s if rate_per_s is None else rate_per_s
-    return spec.make(num_tasks, rate, seed, dict(overrides))
+    rate = run_defaults(name, params)[1] if rate_per_s is None else rate_per_s
+    return spec.make(num_tasks, rate, seed, params)
 
 
 # --- shared by the generator modules ----------------------------------------------------------
@@ -227,4 +264,20 @@ _add(
 )  # fmt: skip
 _add("metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00763)
 _add("metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00155)
-_add("metagpt-replay", "a recorded MetaGPT run, replayed", "metagpt_replay", "make_replay", 0.0295)
+_add("metagpt-replay", "a recorded MetaGPT run, replayed", "metagpt_replay", "make_replay", 0.0327)
+
+
+def _trace_defaults(params: Mapping[str, Any]) -> tuple[int, float]:
+    fn: Callable[[Mapping[str, Any]], tuple[int, float]]
+    fn = import_module("topas_bench.workloads.trace_file").defaults  # lazily, as `_lazy`
+    return fn(params)
+
+
+WORKLOADS.add(
+    "trace",
+    WorkloadSpec(
+        "trace", "a trace file (-w PATH, or --workload-param file=PATH)", 0.0,
+        "its own arrivals (docs/workload-format.md)", _lazy("trace_file", "make_trace"),
+        _trace_defaults,
+    ),
+)  # fmt: skip

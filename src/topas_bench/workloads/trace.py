@@ -5,7 +5,9 @@ Line 1 is a header, ``{"schema": "topas-bench/trace", "version": 1, "name", "age
 is one task, ``{"id", "workflow", "arrival_s", "stages": [{"id", "agent", "kind", "prompt":
 [[key, tokens], ...], "output_tokens", "max_new_tokens", "deps", "delay_s"}]}``. A stage's
 `kind`, `max_new_tokens`, `deps` and `delay_s` may be left out (model defaults); provenance keys
-other than these three are ignored. Blank lines are skipped. JSON only, never pickle.
+other than these three are ignored. Blank lines are skipped. JSON only, never pickle. The
+format is documented in docs/workload-format.md; `trace.schema.json` is its JSON Schema
+(`workloads.schema`).
 
 Writing is canonical: fields in the order above, compact separators, `params` keys sorted,
 tasks sorted by ``(arrival_s, id)``, so equal workloads give byte-identical files. Only valid
@@ -120,13 +122,18 @@ def _json(v: Any) -> str:
 
 def load_workload(path: str | os.PathLike[str], *, kv_budget_tokens: int | None = None) -> Workload:
     """Read and check a trace file; raises `TraceError` listing every problem."""
+    text = read_text(path)
+    return loads_workload(text, source=str(path), kv_budget_tokens=kv_budget_tokens)
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A trace file's text (UTF-8); one-line errors for a missing or undecodable file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise TraceError(str(path), [TraceProblem(None, "file", f"not UTF-8 text: {e}")]) from e
     except OSError as e:
         raise TopasError(f"{path}: cannot read trace: {e.strerror or e}") from e
-    return loads_workload(text, source=str(path), kv_budget_tokens=kv_budget_tokens)
 
 
 def loads_workload(

@@ -12,7 +12,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from topas_bench.cli import handles_errors
+    from topas_bench.cli_common import handles_errors
 
     app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
         handles_errors(serve)
@@ -43,7 +43,7 @@ def serve(
     Example:
       topas-bench serve --scheduler topas -- --model-path Qwen/Qwen2.5-32B-Instruct --port 30000
     """
-    from topas_bench.cli import parse_assignments
+    from topas_bench.cli_common import parse_assignments
     from topas_bench.runners.sglang.launcher import check_server_python, plugin_env
     from topas_bench.runners.sim.cost import load_preset
     from topas_bench.schedulers.registry import make_policy

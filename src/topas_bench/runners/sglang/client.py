@@ -7,10 +7,15 @@ request whose prompt has the exact per-segment token counts (`prompts.PromptBuil
 first streamed token gives TTFT; the final usage block gives the token counts, which are
 checked against the workload.
 
-Robustness: at most `concurrency` requests in flight; each attempt has a timeout; transient
-failures (connection errors, timeouts, HTTP 429/5xx: e.g. a server restarting) are retried with
-exponential backoff; a request that still fails is recorded with its error as status, never
-dropped, and the stages after it in its task are recorded as skipped.
+The server is reached through the `openai` package (`api`): one `AsyncOpenAI` per run, its
+connection pool, timeouts and retries; the task metadata (`custom_params`) and `ignore_eos`
+travel in `extra_body`, the usage block comes with `stream_options.include_usage`.
+
+Robustness: at most `concurrency` requests in flight; openai retries a request that fails
+before its answer starts (connection errors, HTTP 408/409/429/5xx: e.g. a server restarting)
+with exponential backoff; a stream cut mid-way or an attempt over `request_timeout_s` is sent
+again (`retries` times, backoff doubling); a request that still fails is recorded with its
+error as status, never dropped, and the stages after it in its task are recorded as skipped.
 
 Records carry the simulator's request columns (`runners.sim.records.REQUEST_COLUMNS`). What a
 client cannot see (admission times, preemptions) is NaN; cached tokens come from the server's
@@ -25,12 +30,15 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topas_bench.runners.sglang import metadata
-from topas_bench.runners.sglang.http import RequestError, TransientError, stream_events
+from topas_bench.runners.sglang.api import RequestError, TransientError, classify, connect
 from topas_bench.runners.sglang.prompts import PromptBuilder
 from topas_bench.workloads.model import Stage, Task, Workload
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 NAN = float("nan")
 
@@ -43,7 +51,8 @@ class ClientConfig:
     model: the `model` field of requests (the served model's name or path).
     concurrency: requests in flight at most (the rest wait client-side, counted in their TTFT).
     request_timeout_s: per attempt, from send to the last streamed token.
-    retries: extra attempts after a transient failure; backoff_s doubles after each.
+    retries: openai's retries of a request that failed before its answer started, and ours of
+      one cut mid-stream or timed out; backoff_s (ours) doubles after each.
     """
 
     base_url: str
@@ -116,11 +125,14 @@ class WorkflowClient:
         builder: PromptBuilder,
         on_task: Callable[[TaskRecord, list[RequestRecord]], None] | None = None,
         prefix_tokens: dict[str, int] | None = None,
+        api: AsyncOpenAI | None = None,
     ) -> None:
+        """`api`: the run's client (`api.connect`); one of its own when None."""
         self.cfg = cfg
         self.builder = builder
         self.on_task = on_task
         self.prefix_tokens = prefix_tokens or {}
+        self._api = api
         self._sem = asyncio.Semaphore(cfg.concurrency)
         self._ids = itertools.count()
         self._t0 = 0.0
@@ -128,9 +140,17 @@ class WorkflowClient:
 
     async def run(self, tasks: tuple[Task, ...] | list[Task], start_offset_s: float = 0.0) -> None:
         """Run `tasks`, each at `arrival_s - start_offset_s` seconds after now."""
+        own = self._api is None
+        if self._api is None:
+            self._api = connect(self.cfg.base_url, timeout_s=self.cfg.request_timeout_s,
+                                retries=self.cfg.retries)  # fmt: skip
         self._t0 = time.monotonic()
         self._unix0 = time.time()
-        await asyncio.gather(*(self._task(t, t.arrival_s - start_offset_s) for t in tasks))
+        try:
+            await asyncio.gather(*(self._task(t, t.arrival_s - start_offset_s) for t in tasks))
+        finally:
+            if own:
+                await self._api.close()
 
     def now(self) -> float:
         return time.monotonic() - self._t0
@@ -169,38 +189,31 @@ class WorkflowClient:
             self.now(), NAN, NAN, "skipped: a dependency failed", 0,
         )  # fmt: skip
 
-    def _body(self, task: Task, st: Stage, text: str, arrival_s: float) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": self.cfg.model,
-            "prompt": text,
-            "max_tokens": st.output_tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+    def _extra(self, task: Task, st: Stage, arrival_s: float) -> dict[str, Any]:
+        """What the OpenAI API has no field for: SGLang's (and vLLM's) `ignore_eos`, and the
+        task metadata the topas plugin reads."""
+        extra: dict[str, Any] = {"ignore_eos": True}
         if self.cfg.tag_requests:
             prefix = self.prefix_tokens.get(st.agent, st.prompt[0].tokens)
-            body["custom_params"] = metadata.encode(task, st, self._unix0 + arrival_s, prefix)
-        return body
+            extra["custom_params"] = metadata.encode(task, st, self._unix0 + arrival_s, prefix)
+        return extra
 
     async def _request(self, task: Task, st: Stage, arrival_s: float) -> RequestRecord:
         rid = next(self._ids)
         ready = self.now()
         attempts = 0
         error = "not sent"
-        url = f"{self.cfg.base_url}/v1/completions"
         async with self._sem:
             for attempts in range(1, self.cfg.retries + 2):
                 try:
                     text = await self.builder.checked_text(st.prompt)
-                    body = self._body(task, st, text, arrival_s)
-                    return await self._attempt(rid, task, st, ready, attempts, url, body)
-                except TransientError as e:
+                    extra = self._extra(task, st, arrival_s)
+                    return await self._attempt(rid, task, st, ready, attempts, text, extra)
+                except _Retry as e:
                     error = f"error: {e}"
                     if attempts <= self.cfg.retries:
                         await asyncio.sleep(self.cfg.backoff_s * 2 ** (attempts - 1))
-                except RequestError as e:
+                except RequestError as e:  # openai's own retries, if any, are spent
                     error = f"error: {e}"
                     break
         return self._failed(rid, task, st, ready, attempts, error)
@@ -214,29 +227,41 @@ class WorkflowClient:
         )  # fmt: skip
 
     async def _attempt(
-        self, rid: int, task: Task, st: Stage, ready: float, attempts: int, url: str,
-        body: dict[str, Any],
+        self, rid: int, task: Task, st: Stage, ready: float, attempts: int, text: str,
+        extra: dict[str, Any],
     ) -> RequestRecord:  # fmt: skip
+        assert self._api is not None
+        url = f"{self._api.base_url}completions"
         first = NAN
-        usage: dict[str, Any] = {}
+        usage: Any = None
         pieces = 0
-        async for t, event in stream_events(url, body, self.cfg.request_timeout_s):
-            for choice in event.get("choices") or []:
-                if choice.get("text"):
-                    pieces += 1
-                    if math.isnan(first):
-                        first = t - self._t0
-            if isinstance(event.get("usage"), dict):
-                usage = event["usage"]
+        try:
+            stream = await self._api.completions.create(
+                model=self.cfg.model, prompt=text, max_tokens=st.output_tokens, temperature=0.0,
+                stream=True, stream_options={"include_usage": True}, extra_body=extra,
+            )  # fmt: skip
+        except Exception as e:
+            raise classify(e, url) from None
+        try:
+            async with asyncio.timeout(self.cfg.request_timeout_s):
+                async for chunk in stream:
+                    if any(c.text for c in chunk.choices or ()):
+                        pieces += 1
+                        if math.isnan(first):
+                            first = self.now()
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+        except Exception as e:
+            err = classify(e, url)
+            raise (_Retry(str(err)) if isinstance(err, TransientError) else err) from None
+        finally:
+            await stream.close()
         finish = self.now()
-        if not usage:
-            raise RequestError(f"{url}: the stream ended without a usage block")
-        prompt, output = (
-            int(usage.get("prompt_tokens", -1)),
-            int(usage.get("completion_tokens", -1)),
-        )
-        details = usage.get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if usage is None:  # the stream was cut before its usage block
+            raise _Retry(f"{url}: the stream ended without a usage block")
+        prompt, output = int(usage.prompt_tokens), int(usage.completion_tokens)
+        details = usage.prompt_tokens_details
+        cached = getattr(details, "cached_tokens", None) if details is not None else None
         status = "ok"
         if prompt != st.prompt_tokens or output != st.output_tokens:
             status = (
@@ -248,6 +273,10 @@ class WorkflowClient:
             float(cached) if isinstance(cached, int) else NAN, ready,
             first if pieces else finish, finish, status, attempts,
         )  # fmt: skip
+
+
+class _Retry(TransientError):
+    """A stream cut mid-way or an attempt that timed out: sent again by the client."""
 
 
 def prefix_lengths(w: Workload) -> dict[str, int]:

@@ -9,19 +9,18 @@ timed out), and stops it by pid (SIGTERM to its group, SIGKILL after a grace per
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from topas_bench.errors import TopasError
-from topas_bench.runners.sglang.http import RequestError, request_json
 from topas_bench.runners.sglang.plugin import (
     ENV_PARAMS,
     ENV_PRESET,
@@ -141,9 +140,9 @@ class Server:
 
     def _healthy(self) -> bool:
         try:
-            asyncio.run(request_json("GET", self.url + self.health_path, None, 5.0))
-            return True
-        except RequestError:
+            with urllib.request.urlopen(self.url + self.health_path, timeout=5.0) as answer:
+                return bool(200 <= answer.status < 300)
+        except (OSError, ValueError):  # refused, reset, timed out, HTTP errors (URLError)
             return False
 
     def stop(self, grace_s: float = 20.0) -> None:

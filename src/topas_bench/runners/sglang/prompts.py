@@ -18,10 +18,13 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Segment
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 #: Candidate words; the builder keeps those that are one token in the server's tokenizer.
 _WORDS = (
@@ -131,19 +134,12 @@ def _join(words: Sequence[str]) -> str:
     return "".join(" " + w for w in words)
 
 
-def server_tokenizer(
-    base_url: str, model: str, timeout_s: float = 30.0
-) -> Callable[[str, bool], Awaitable[int]]:
-    """`Tokenize` through the server's `/tokenize` endpoint (SGLang and vLLM)."""
-    from topas_bench.runners.sglang.http import request_json
+def server_tokenizer(api: AsyncOpenAI, model: str) -> Callable[[str, bool], Awaitable[int]]:
+    """`Tokenize` through the server's `/tokenize` endpoint (SGLang and vLLM), on the run's
+    client (`api.connect`)."""
+    from topas_bench.runners.sglang.api import tokenize
 
-    async def tokenize(text: str, add_special_tokens: bool) -> int:
-        body: dict[str, Any] = {
-            "model": model, "prompt": text, "add_special_tokens": add_special_tokens,
-        }  # fmt: skip
-        ans = await request_json("POST", f"{base_url}/tokenize", body, timeout_s)
-        if not isinstance(ans, dict) or not isinstance(ans.get("count"), int):
-            raise PromptError(f"{base_url}/tokenize answered without a count: {ans!r:.200}")
-        return int(ans["count"])
+    async def count(text: str, add_special_tokens: bool) -> int:
+        return await tokenize(api, model, text, add_special_tokens)
 
-    return tokenize
+    return count

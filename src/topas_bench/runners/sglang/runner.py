@@ -29,6 +29,7 @@ import pandas as pd
 from topas_bench.errors import TopasError
 from topas_bench.results import RunIdentity, is_finished, write_run
 from topas_bench.runners.engines import engine_version
+from topas_bench.runners.sglang.api import RequestError, connect, served_model
 from topas_bench.runners.sglang.client import (
     ClientConfig,
     RequestRecord,
@@ -36,7 +37,6 @@ from topas_bench.runners.sglang.client import (
     WorkflowClient,
     prefix_lengths,
 )
-from topas_bench.runners.sglang.http import RequestError, request_json
 from topas_bench.runners.sglang.launcher import (
     Server,
     ServerError,
@@ -185,14 +185,17 @@ def _start(server: Server | None, opts: SglangOptions) -> str:
 
 
 def _served_model(base: str) -> str:
+    async def ask() -> str:
+        api = connect(base, timeout_s=10.0, retries=2)
+        try:
+            return await served_model(api)
+        finally:
+            await api.close()
+
     try:
-        ans = asyncio.run(request_json("GET", f"{base}/v1/models", None, 10.0))
+        return asyncio.run(ask())
     except RequestError as e:
         raise TopasError(f"cannot reach the server at {base}: {e}") from None
-    try:
-        return str(ans["data"][0]["id"])
-    except (TypeError, KeyError, IndexError):
-        raise TopasError(f"{base}/v1/models lists no model: {ans!r:.200}") from None
 
 
 async def _drive(
@@ -203,7 +206,18 @@ async def _drive(
         base_url=base, model=model, concurrency=opts.concurrency,
         request_timeout_s=opts.request_timeout_s, retries=opts.retries,
     )  # fmt: skip
-    builder = PromptBuilder(server_tokenizer(base, model))
+    api = connect(base, timeout_s=opts.request_timeout_s, retries=opts.retries)
+    try:
+        await _drive_with(plan, tasks, base, cfg, api, opts, journal, server, on_task_done)
+    finally:
+        await api.close()
+
+
+async def _drive_with(
+    plan: RunPlan, tasks: list[Any], base: str, cfg: ClientConfig, api: Any, opts: SglangOptions,
+    journal: Path, server: Server | None, on_task_done: Callable[[int], None] | None,
+) -> None:  # fmt: skip
+    builder = PromptBuilder(server_tokenizer(api, cfg.model))
     try:
         await builder.prepare()
     except RequestError as e:
@@ -220,7 +234,7 @@ async def _drive(
         if on_task_done is not None:
             on_task_done(finished)
 
-    client = WorkflowClient(cfg, builder, on_task, prefix_lengths(plan.workload))
+    client = WorkflowClient(cfg, builder, on_task, prefix_lengths(plan.workload), api)
     offset = min(t.arrival_s for t in tasks)
     work = asyncio.create_task(client.run(tasks, start_offset_s=offset))
     while not work.done():
@@ -258,8 +272,9 @@ def _finish(
     done: dict[str, tuple[list[Any], list[list[Any]]]], server: Server | None, wall_s: float,
     attempted: int,
 ) -> CellResult:  # fmt: skip
-    from topas_bench.analysis.metrics import RunTables, summarize
+    from topas_bench.analysis.metrics import RunTables, run_info
     from topas_bench.plan import CellResult
+    from topas_bench.unloaded import with_unloaded_jct
 
     ok_rows = [task[:-1] for task, _ in done.values() if task[-1]]
     req_rows = [tuple(r) for _, reqs in done.values() for r in reqs]
@@ -283,7 +298,10 @@ def _finish(
         "server_restarts": float(server.restarts if server is not None else 0),
         "preemptions": math.nan,  # not visible to a client
     }
-    summary = summarize(RunTables(tasks, requests, tables["decisions"], counters))
+    tasks = with_unloaded_jct(tasks, plan.workload, plan.preset, plan.sim)  # the cost model's
+    tables["tasks"] = tasks.reset_index(drop=True)
+    recorded = run_info(RunTables(tasks, requests, tables["decisions"], counters))
+    summary = recorded["summary"]
     span = float(tasks["finish_s"].max()) if not tasks.empty else 0.0
     if failed:
         for name, df in tables.items():
@@ -295,7 +313,7 @@ def _finish(
             f"{run_dir}; rerun the same command to retry them"
         )
     info = {
-        "summary": summary, "counters": counters, "sim_time_s": span, "wall_s": wall_s,
+        **recorded, "counters": counters, "sim_time_s": span, "wall_s": wall_s,
         "load": plan.load, "capacity_tps": plan.capacity_tps,
         "workload_digest": digest, "resumed": attempted < plan.num_tasks,
     }  # fmt: skip

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from topas_bench.analysis.metrics import RunTables, summarize
+from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.errors import TopasError
 from topas_bench.plan import CellResult, RunPlan, stored_cell, workload_digest
 from topas_bench.results import TABLES, write_run
 from topas_bench.runners.sglang_cpu.job import Cell, Job, ServerSettings
+from topas_bench.unloaded import with_unloaded_jct
 from topas_bench.workloads.trace import dumps_workload
 
 ENV_PYTHON = "TOPAS_SGLANG_PYTHON"
@@ -158,15 +159,18 @@ def _store(plan: RunPlan, scheduler: str, cell_dir: Path, digest: str) -> CellRe
     info = json.loads((cell_dir / "counters.json").read_text())
     tables = {name: pd.read_parquet(cell_dir / f"{name}.parquet") for name in TABLES}
     counters = {k: float(v) for k, v in info["counters"].items()}
-    summary = summarize(
+    # the same yardstick as the simulator's cells (`unloaded`), so goodput compares
+    tables["tasks"] = with_unloaded_jct(tables["tasks"], plan.workload, plan.preset, plan.sim)
+    recorded = run_info(
         RunTables(tables["tasks"], tables["requests"], tables["decisions"], counters)
     )
+    summary = recorded["summary"]
     ident = plan.identity(scheduler)
     run_dir = ident.run_dir(plan.out)
     write_run(
         run_dir, ident, tables,
         {
-            "summary": summary, "counters": counters, "sim_time_s": info["sim_time_s"],
+            **recorded, "counters": counters, "sim_time_s": info["sim_time_s"],
             "wall_s": info["wall_s"], "load": plan.load, "capacity_tps": plan.capacity_tps,
             "workload_digest": digest,
         },

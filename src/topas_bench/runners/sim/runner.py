@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from topas_bench.analysis.metrics import RunTables, summarize
+from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.plan import CellResult, RunPlan, stored_cell, workload_digest
 from topas_bench.results import write_run
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.engine import Simulator
 from topas_bench.schedulers.registry import make_policy
+from topas_bench.unloaded import with_unloaded_jct
 
 
 def run_cell(
@@ -33,13 +34,15 @@ def run_cell(
         "cached_prompt_tokens": float(res.cached_tokens),
         "iterations": float(res.iterations),
     }
-    summary = summarize(RunTables(res.tasks, res.requests, res.decisions, counters))
+    tasks = with_unloaded_jct(res.tasks, plan.workload, plan.preset, plan.sim)  # for goodput
+    recorded = run_info(RunTables(tasks, res.requests, res.decisions, counters))
+    summary = recorded["summary"]
     tables = {
-        "requests": res.requests, "tasks": res.tasks,
+        "requests": res.requests, "tasks": tasks,
         "timeline": res.timeline, "decisions": res.decisions,
     }  # fmt: skip
     info = {
-        "summary": summary,
+        **recorded,
         "counters": counters,
         "sim_time_s": res.sim_time_s,
         "wall_s": res.wall_s,

@@ -1,0 +1,176 @@
+"""A `Report` as Markdown (tables by pandas' `to_markdown`) and CSV files."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from topas_bench.analysis.report import PAPER_KV_BUDGET, PAPER_PRESET, Report
+from topas_bench.schedulers.registry import BASELINES
+from topas_bench.workloads.registry import DEFAULT_LOAD
+
+
+def _nan(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _ci(row: pd.Series, col: str, fmt: str = "{:.1f}") -> str:
+    v, lo, hi = row[col], row[f"{col}_lo"], row[f"{col}_hi"]
+    if _nan(v):
+        return "-"
+    if row["n_seeds"] < 2:
+        return fmt.format(v)
+    return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def _pct(v: Any) -> str:
+    return "-" if _nan(v) else f"{100 * v:.1f}%"
+
+
+def _num(v: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if _nan(v) else fmt.format(v)
+
+
+def _reduction(row: pd.Series, m: str) -> str:
+    v = row[f"reduction_{m}"]
+    if _nan(v):
+        return "-"
+    if row["scheduler"] == row[f"best_baseline_{m}"]:
+        return "best"
+    if row["n_seeds"] < 2:
+        return _pct(v)
+    return f"{_pct(v)} [{_pct(row[f'reduction_{m}_lo'])}, {_pct(row[f'reduction_{m}_hi'])}]"
+
+
+def _table(records: list[dict[str, str]]) -> list[str]:
+    return [pd.DataFrame(records).to_markdown(index=False, disable_numparse=True), ""]
+
+
+def to_markdown(rep: Report) -> str:
+    lines = [
+        "# topas-bench report",
+        "",
+        f"Results: `{rep.root}`: {rep.rows.groupby('group').ngroups} groups, "
+        f"{len(rep.rows)} scheduler rows; {len(rep.problems)} run director"
+        f"{'y' if len(rep.problems) == 1 else 'ies'} left out.",
+        "",
+        "JCT in seconds: the mean over seeds of each run's statistic, with a 95% bootstrap "
+        "interval over seeds in brackets (10,000 resamples, seed 0). Reductions: "
+        "1 - scheduler / best baseline, the best baseline chosen per metric among "
+        f"{', '.join(BASELINES)}; positive = better than the best baseline. Goodput: tasks/s "
+        f"that met the SLO ({rep.slo.describe()}). The paper's reductions are shown only for "
+        f"runs in its setting ({PAPER_PRESET}, KV budget {PAPER_KV_BUDGET:,}, default workload "
+        f"parameters and rate, load {DEFAULT_LOAD:g}).",
+        "",
+    ]
+    lines += _summary(rep.rows)
+    for workload, w in rep.rows.groupby("workload", sort=False):
+        lines += [f"## {workload}", ""]
+        for key, g in w.groupby("group", sort=False):
+            lines += _group_tables(g, rep.stages[rep.stages["group"] == key])
+    if rep.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
+    if rep.problems:
+        lines += ["## Left out", ""] + [f"- {p}" for p in rep.problems] + [""]
+    return "\n".join(lines)
+
+
+def _summary(rows: pd.DataFrame) -> list[str]:
+    t = rows[rows["scheduler"] == "topas"]
+    if t.empty:
+        return []
+    records = [
+        {
+            "workload": r["workload"],
+            "setting": r["group_label"],
+            "mean: best baseline": r["best_baseline_mean"] or "-",
+            "mean: reduction": _reduction(r, "mean"),
+            "paper (mean)": _pct(r["paper_reduction_mean"]),
+            "p99: best baseline": r["best_baseline_p99"] or "-",
+            "p99: reduction": _reduction(r, "p99"),
+            "paper (p99)": _pct(r["paper_reduction_p99"]),
+        }
+        for _, r in t.iterrows()
+    ]
+    return ["## TOPAS vs the best baseline", "", *_table(records)]
+
+
+def _group_tables(g: pd.DataFrame, stages: pd.DataFrame) -> list[str]:
+    first = g.iloc[0]
+    out = [f"### {first['group_label']}, seeds {first['seeds']}", ""]
+    jct = [
+        {
+            "scheduler": r["scheduler"],
+            "mean JCT": _ci(r, "mean_jct_s"),
+            "p50": _ci(r, "p50_jct_s"),
+            "p90": _ci(r, "p90_jct_s"),
+            "p99": _ci(r, "p99_jct_s"),
+            "mean vs best": _reduction(r, "mean"),
+            "p99 vs best": _reduction(r, "p99"),
+            "tasks/s": _num(r["throughput_tps"], "{:.4f}"),
+            "goodput": _ci(r, "goodput_tps", "{:.4f}"),
+            "SLO met": _pct(r["slo_attainment"]),
+            "prefix hit": _pct(r["prefix_hit_rate"]),
+            "preempt": _num(r["preemptions"], "{:.0f}"),
+            "decision p50 / p99 ms": _decisions(r),
+        }
+        for _, r in g.iterrows()
+    ]
+    out += _table(jct)
+    calls = [
+        {
+            "scheduler": r["scheduler"],
+            "TTFT mean / p99 s": _pair(r, "ttft", "{:.2f}", "_s"),
+            "TPOT mean / p99 ms": _pair(r, "tpot", "{:.1f}", "_ms"),
+            "ITL mean ms": _num(r["itl_mean_ms"], "{:.1f}"),
+            "queueing mean / p99 s": _pair(r, "queue", "{:.2f}", "_s"),
+            "latency mean / p99 s": _pair(r, "latency", "{:.2f}", "_s"),
+            "requests/s": _num(r["request_tps"], "{:.3f}"),
+            "output tok/s": _num(r["output_tok_s"], "{:.1f}"),
+        }
+        for _, r in g.iterrows()
+    ]
+    out += ["Calls (request level, finished calls):", "", *_table(calls)]
+    if not stages.empty:
+        lat = stages.pivot_table(index="kind", columns="scheduler", values="mean_latency_s",
+                                 sort=False)  # fmt: skip
+        order = [s for s in g["scheduler"] if s in lat.columns]
+        records = [
+            {"stage kind": str(kind), **{s: _num(lat.loc[kind, s]) for s in order}}
+            for kind in lat.index
+        ]
+        out += ["Mean latency per stage kind (s, send to finish):", "", *_table(records)]
+    if first["best_baseline_mean"]:
+        out.append(
+            f"Best baseline: mean JCT `{first['best_baseline_mean']}`, "
+            f"p99 JCT `{first['best_baseline_p99']}`."
+        )
+        out.append("")
+    return out
+
+
+def _decisions(r: pd.Series) -> str:
+    if _nan(r["decision_p50_ms"]):
+        return "-"
+    return f"{r['decision_p50_ms']:.3f} / {r['decision_p99_ms']:.3f}"
+
+
+def _pair(r: pd.Series, name: str, fmt: str, unit: str) -> str:
+    a, b = r[f"{name}_mean{unit}"], r[f"{name}_p99{unit}"]
+    return "-" if _nan(a) else f"{fmt.format(a)} / {fmt.format(b)}"
+
+
+def write_report(rep: Report, out: Path) -> list[Path]:
+    """`out/report.md`, `out/report.csv` (one row per group and scheduler) and
+    `out/report-stages.csv` (per group, scheduler and stage kind)."""
+    out.mkdir(parents=True, exist_ok=True)
+    md, csv, stages = out / "report.md", out / "report.csv", out / "report-stages.csv"
+    md.write_text(to_markdown(rep) + "\n")
+    rep.rows.drop(columns=["group"]).to_csv(csv, index=False, float_format="%.6g")
+    labels = rep.rows.drop_duplicates("group").set_index("group")["group_label"]
+    st = rep.stages.assign(group_label=rep.stages["group"].map(labels)).drop(columns=["group"])
+    st.to_csv(stages, index=False, float_format="%.6g")
+    return [md, csv, stages]

@@ -1,0 +1,90 @@
+"""What every `topas-bench` command shares: the two consoles, error handling (one line on
+stderr and exit code 2), output-directory checks and `key=value` parsing.
+
+The command modules (`cli`, `cli_analysis`, `recorder.cli`, `runners.sglang.cli`) import this
+module and never each other, so the command line has no import cycle.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from topas_bench.errors import TopasError
+from topas_bench.workloads.trace import TraceError
+
+# Wide enough for the JCT table when output is piped (rich assumes 80 columns there).
+# emoji=False: rich would render segment keys like `agent:A:4096` as emoji (`:a:`).
+out = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn library errors into one clear line and exit code 2 (a trace: every problem)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except TraceError as e:
+            err.print(f"error: {e.source}: {len(e.problems)} problem(s)", markup=False)
+            err.print(e.report(), markup=False)
+            raise typer.Exit(2) from None
+        except TopasError as e:
+            err.print(f"error: {e}", markup=False)
+            raise typer.Exit(2) from None
+        except OSError as e:  # an output path that cannot be written, a file that vanished
+            where = f"{e.filename}: " if e.filename else ""
+            err.print(f"error: {where}{e.strerror or e}", markup=False)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted: finished runs are kept; run again to resume", markup=False)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def check_out_dir(path: Path, flag: str = "--out") -> Path:
+    """Fail before anything runs when `path` cannot become a directory (it or an ancestor is a
+    file)."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise TopasError(f"{flag} {path}: {p} is not a directory")
+            break
+    return path
+
+
+def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
+    """`key=value` pairs; values are JSON when they parse as JSON, else strings."""
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise TopasError(f"{flag} expects key=value, got {item!r}")
+        try:
+            result[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            result[key.strip()] = raw
+    return result
+
+
+def parse_scheduler_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`name.key=value` pairs, grouped by scheduler name."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in parse_assignments(items, "--scheduler-param").items():
+        name, dot, param = key.partition(".")
+        if not dot or not param:
+            raise TopasError(f"--scheduler-param expects scheduler.key=value, got {key!r}")
+        grouped.setdefault(name, {})[param] = value
+    return grouped

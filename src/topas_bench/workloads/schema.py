@@ -1,0 +1,78 @@
+"""The trace format's JSON Schema (`trace.schema.json`, docs/workload-format.md), line by line.
+
+The schema is the format's published contract: line 1 must match ``$defs/header``, every other
+non-blank line ``$defs/task``. `schema_problems` reports every mismatch with its line and field,
+in the `TraceProblem` form the trace loader uses; `validate_text` (`workloads validate`) adds
+the loader's checks of what no single line shows (the DAG, agents, keys, the KV budget).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib.resources import files
+from typing import Any
+
+from topas_bench.workloads.model import Workload
+from topas_bench.workloads.trace import TraceError, TraceProblem, loads_workload
+
+SCHEMA_FILE = "trace.schema.json"
+
+
+@functools.cache
+def schema() -> dict[str, Any]:
+    text = (files("topas_bench.workloads") / SCHEMA_FILE).read_text(encoding="utf-8")
+    found: dict[str, Any] = json.loads(text)
+    return found
+
+
+@functools.cache
+def _validators() -> tuple[Any, Any]:
+    import jsonschema
+
+    full = {k: v for k, v in schema().items() if k != "oneOf"}
+    cls = jsonschema.validators.validator_for(full)
+    return cls({**full, "$ref": "#/$defs/header"}), cls({**full, "$ref": "#/$defs/task"})
+
+
+def schema_problems(text: str) -> list[TraceProblem]:
+    """Every line of trace `text` that does not match the schema, with its field path."""
+    header, task = _validators()
+    problems: list[TraceProblem] = []
+    first = True
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        what = "header" if first else "task"
+        validator = header if first else task
+        first = False
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(TraceProblem(n, what, f"invalid JSON: {e.msg} (column {e.colno})"))
+            continue
+        for err in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
+            path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+            field = (("header" if what == "header" else "") + path).lstrip(".") or what
+            problems.append(TraceProblem(n, field, err.message))
+    if first:
+        problems.append(TraceProblem(1, "header", "empty file; expected a trace header"))
+    return problems
+
+
+def validate_text(
+    text: str, *, source: str = "<string>", kv_budget_tokens: int | None = None
+) -> Workload:
+    """Check trace text against the schema and with the loader; raise one `TraceError` listing
+    the loader's problems and the schema's on lines the loader found none on."""
+    problems: list[TraceProblem] = []
+    w = None
+    try:
+        w = loads_workload(text, source=source, kv_budget_tokens=kv_budget_tokens)
+    except TraceError as e:
+        problems = list(e.problems)
+    flagged = {p.line for p in problems}
+    problems += [p for p in schema_problems(text) if p.line not in flagged]
+    if problems or w is None:
+        raise TraceError(source, sorted(problems, key=lambda p: p.line or 0))
+    return w
