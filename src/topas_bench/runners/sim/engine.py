@@ -426,8 +426,7 @@ class Simulator:
         load = sum(a.match.host_tokens for a in adder.batch if a.match is not None)
         dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
         new = sum(a.new_tokens for a in adder.batch)
-        agents = len({a.req.agent for a in adder.batch})
-        self.rec.iteration(self, "prefill", dur, 1, len(adder.batch), new, agents)
+        self.rec.iteration(1, self._row("prefill", dur, 1, [a.req for a in adder.batch], new))
         self.prefilling = [a.req for a in adder.batch]
         if self.trace is not None:
             batch = tuple(
@@ -458,11 +457,27 @@ class Simulator:
         dur = float(ends[-1]) - self.now
         if self.trace is not None:
             self.trace.append(self._trace_step("decode", b))
-        agents = len({r.agent for r in self.running})
-        self.rec.iteration(self, "decode", dur, steps, b, b * steps, agents)
+        self.rec.iteration(steps, self._row("decode", dur, steps, self.running, b * steps))
         self._busy = True
         self._ends = ends
         self._push(float(ends[-1]), ITER, ("decode", durs, dur))
+
+    def _row(
+        self, kind: str, dur: float, steps: int, batch: list[SimRequest], new: int
+    ) -> tuple[Any, ...] | None:
+        """The timeline row of an iteration starting now (`records.TIMELINE_COLUMNS`)."""
+        if not self.rec.timeline_on:
+            return None
+        cache = self.cache
+        resident = "|".join(
+            a.name for a in self.workload.agents
+            if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
+        )  # fmt: skip
+        used = cache.gpu_tokens + self.private_tokens
+        return (
+            self.now, kind, steps, dur, len(batch), new, used, cache.gpu_tokens,
+            self.private_tokens, len(self.waiting), resident, len({r.agent for r in batch}),
+        )  # fmt: skip
 
     def _trace_step(self, kind: str, batch: Any) -> Step:
         return (kind, batch, self.free_tokens, self.cache.evictable_tokens, len(self.waiting))

@@ -13,10 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from topas_bench.schedulers.base import Decision
-from topas_bench.workloads.model import agent_key
 
 if TYPE_CHECKING:
-    from topas_bench.runners.sim.engine import Simulator
     from topas_bench.runners.sim.state import SimRequest, TaskRun
 
 REQUEST_COLUMNS = [
@@ -58,25 +56,16 @@ class Recorder:
         self.prompt_tokens = 0  # over every admission, re-admissions included
         self.hit_tokens = 0
 
-    def iteration(
-        self, sim: Simulator, kind: str, duration_s: float, steps: int, batch: int, new: int,
-        agents: int,
-    ) -> None:  # fmt: skip
-        """One iteration (or a closed-form run of `steps` decode steps): `batch` requests of
-        `agents` distinct agents."""
+    @property
+    def timeline_on(self) -> bool:
+        return self._timeline_on
+
+    def iteration(self, steps: int, row: tuple[Any, ...] | None) -> None:
+        """One iteration (or a closed-form run of `steps` decode steps); `row` is its
+        timeline row (TIMELINE_COLUMNS), built by the engine only when `timeline_on`."""
         self.iterations += steps
-        if not self._timeline_on:
-            return
-        cache = sim.cache
-        resident = "|".join(
-            a.name for a in sim.workload.agents
-            if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
-        )  # fmt: skip
-        used = cache.gpu_tokens + sim.private_tokens
-        self._timeline.append(
-            (sim.now, kind, steps, duration_s, batch, new, used, cache.gpu_tokens,
-             sim.private_tokens, len(sim.waiting), resident, agents)
-        )  # fmt: skip
+        if row is not None:
+            self._timeline.append(row)
 
     def admission(self, prompt_tokens: int, hit_tokens: int) -> None:
         self.prompt_tokens += prompt_tokens

@@ -9,16 +9,37 @@ those seen in requests so far; `lock_cost` uses the adapter's approximation.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from topas_bench.runners.sim.admission import running_offset
+from topas_bench.runners.sim.config import SimConfig
+from topas_bench.runners.sim.cost import CostModel
+from topas_bench.runners.sim.radix import Node, RadixCache
+from topas_bench.runners.sim.state import SimRequest, TaskRun
 from topas_bench.schedulers.base import PrefixLocation, PrefixView, RequestView, TaskView
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import agent_key
 
-if TYPE_CHECKING:
-    from topas_bench.runners.sim.engine import Simulator
-    from topas_bench.runners.sim.state import SimRequest
+
+class Simulator(Protocol):
+    """What the view reads of the engine (`engine.Simulator`)."""
+
+    now: float
+    cfg: SimConfig
+    cost: CostModel
+    cache: RadixCache
+    ratio: float
+    private_tokens: int
+    waiting: list[SimRequest]
+    running: list[SimRequest]
+    tasks: dict[str, TaskRun]
+    estimator: ServiceEstimator
+    pins: dict[str, Node]
+    prefix_tokens: dict[str, int]
+    agents_seen: set[str]
+
+    @property
+    def free_tokens(self) -> int: ...
 
 
 class SimView:
