@@ -115,6 +115,12 @@ class EngineView(Protocol):
         (and so take out of the admission budget)."""
         ...
 
+    def absent_reload_s(self, agent: str) -> float:
+        """Seconds to bring `agent`'s prefix onto the GPU were it not there: a host-tier load
+        when the engine has a host tier (evicted prefixes go there), else the prefill time to
+        recompute it. The cost of moving it in, and of evicting it."""
+        ...
+
     def reload_s(self, agent: str) -> float:
         """Seconds to bring `agent`'s prefix onto the GPU now: 0 if resident, a host-tier load
         if it is on the host, else the prefill time to recompute it."""

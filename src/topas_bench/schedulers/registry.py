@@ -12,7 +12,13 @@ from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.parrot import ParrotFCFS
 from topas_bench.schedulers.spf import SPF
-from topas_bench.schedulers.topas import Topas, TopasBase, TopasNoAging, TopasNoReuse
+from topas_bench.schedulers.topas import (
+    Topas,
+    TopasBase,
+    TopasNoAging,
+    TopasNoJoint,
+    TopasNoReuse,
+)
 
 SCHEDULERS: Registry[type[Policy]] = Registry("scheduler")
 SCHEDULERS.add("fcfs", FCFS)
@@ -24,11 +30,12 @@ SCHEDULERS.add("topas", Topas)
 SCHEDULERS.add("topas-base", TopasBase)
 SCHEDULERS.add("topas-no-reuse", TopasNoReuse)
 SCHEDULERS.add("topas-no-aging", TopasNoAging)
+SCHEDULERS.add("topas-no-joint", TopasNoJoint)
 
 #: The paper's baselines, in the order tables show them.
 BASELINES = ("fcfs", "lpm", "spf", "parrot", "autellix")
 #: TOPAS's ablations (DESIGN section 5).
-ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging")
+ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint")
 
 
 def make_policy(name: str, **params: Any) -> Policy:

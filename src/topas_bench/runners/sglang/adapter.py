@@ -85,6 +85,9 @@ class Bridge:
         self.kv_budget_tokens = int(getattr(allocator, "size", 0))
         self.page_size = int(getattr(allocator, "page_size", 1) or 1)
         self.pins: dict[str, Any] = {}  # agent -> TreeLock
+        #: What the in-flight chunked request still needs: its unprefilled tokens and decode
+        #: headroom (set by the scheduler before each prefill attempt).
+        self.chunk_rest = 0
         self.admit_ids: set[str] | None = None  # rids the current decision admits
         self.preempt_ids: set[str] = set()
         self.decisions = 0
@@ -140,10 +143,12 @@ class Bridge:
 
     def keep(self, agents: frozenset[str], running: Sequence[Req]) -> None:
         """Lock the kept agents' prefix nodes, as far as the admission budget allows (a pin may
-        not take memory that running requests have reserved); unlock the others."""
+        not take memory that running requests have reserved, nor what the in-flight chunked
+        prefill still needs: SGLang continues a chunk whatever memory is left, and runs out of
+        memory if a pin took it); unlock the others."""
         for agent in [a for a in self.pins if a not in agents]:
             self.tree_cache.unlock(self.pins.pop(agent))
-        room = self.remaining_total(running)
+        room = self.remaining_total(running) - self.chunk_rest
         for agent in sorted(agents - self.pins.keys()):
             ids = self.tracker.agent_prefixes.get(agent)
             if not ids:
@@ -290,6 +295,11 @@ class SglangView:
             return max(hit - len(self._t.agent_prefixes.get(req.agent, ())), 0)
         return hit
 
+    def absent_reload_s(self, agent: str) -> float:
+        """No host tier here: the prefill time to recompute the prefix."""
+        ids = self._t.agent_prefixes.get(agent)
+        return self._t.estimator.prefill_s(len(ids)) if ids else 0.0
+
     def reload_s(self, agent: str) -> float:
         ids = self._t.agent_prefixes.get(agent)
         if not ids:
@@ -423,6 +433,11 @@ def make_scheduler_class(
                 running.batch_is_full = False
             # The policy's view reserves decode headroom at the ratio this pass admits with.
             self.topas.new_token_ratio = self.new_token_ratio_tracker.current
+            chunked = self.chunked_req
+            self.topas.chunk_rest = 0 if chunked is None else (
+                len(chunked.origin_input_ids) + len(chunked.output_ids) - chunked.prefix_len
+                + min(chunked.sampling_params.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+            )  # fmt: skip
             return super()._get_new_batch_prefill_raw(*args, **kwargs)
 
         def _add_request_to_queue(self, req: Req, is_retracted: bool = False) -> Any:

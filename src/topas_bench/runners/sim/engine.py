@@ -343,12 +343,16 @@ class Simulator:
 
     def _keep(self, agents: frozenset[str]) -> None:
         """The plugin's `Bridge.keep`: lock kept agents' prefixes, as far as the admission
-        budget allows (a pin may not take memory running requests reserved); unlock others."""
+        budget allows (not what running requests reserved, nor what the chunked request still
+        needs); unlock the others."""
         for agent in [a for a in self.pins if a not in agents]:
             self.cache.unlock(self.pins.pop(agent))
         clip = self.cfg.clip_max_new_tokens
         room: float = self.free_tokens + self.cache.evictable_tokens
         room -= sum(running_offset(r, self.ratio, clip) for r in self.running)
+        if self.chunked is not None:  # what its next chunks need (the adapter's `chunk_rest`)
+            c = self.chunked
+            room -= c.fill_tokens - c.prefix_len + min(c.max_new_tokens, clip)
         for agent in sorted(agents - self.pins.keys()):
             tokens = self.prefix_tokens.get(agent, 0)
             if not tokens:

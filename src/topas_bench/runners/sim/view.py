@@ -129,6 +129,15 @@ class SimView:
         tokens = self._sim.prefix_tokens[agent]
         return self._sim.cache.probe([(agent_key(agent), 0, tokens)])
 
+    def absent_reload_s(self, agent: str) -> float:
+        sim = self._sim
+        tokens = sim.prefix_tokens.get(agent, 0)
+        if not tokens:
+            return 0.0
+        if sim.cfg.host_tier_tokens:
+            return sim.cost.host_load_s(tokens)
+        return sim.estimator.prefill_s(tokens)
+
     def reload_s(self, agent: str) -> float:
         sim = self._sim
         tokens = sim.prefix_tokens.get(agent, 0)

@@ -1,6 +1,12 @@
 """TOPAS and its ablations."""
 
 from topas_bench.schedulers.topas.params import TopasParams
-from topas_bench.schedulers.topas.policy import Topas, TopasBase, TopasNoAging, TopasNoReuse
+from topas_bench.schedulers.topas.policy import (
+    Topas,
+    TopasBase,
+    TopasNoAging,
+    TopasNoJoint,
+    TopasNoReuse,
+)
 
-__all__ = ["Topas", "TopasBase", "TopasNoAging", "TopasNoReuse", "TopasParams"]
+__all__ = ["Topas", "TopasBase", "TopasNoAging", "TopasNoJoint", "TopasNoReuse", "TopasParams"]

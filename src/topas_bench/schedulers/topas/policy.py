@@ -1,23 +1,16 @@
-"""TOPAS: a task-oriented, prefix-aware scheduler that decides resident prefixes, admissions and
-preemptions jointly under one KV budget (arXiv 2608.25523, as summarised in DESIGN section 5).
+"""TOPAS: a task-oriented, prefix-aware scheduler that decides jointly which agents stay
+resident and which of their requests run, under one KV budget (arXiv 2608.25523, as summarised
+in DESIGN section 5; docs/topas.md describes this implementation and where it departs).
 
-At each scheduling point, for the state it would move to (resident prefix set R', running set
-Q'), TOPAS scores, in seconds:
-
-    sum over admitted r of g_i * delta(r)  -  J_move  -  J_redo  -  J_revoke  +  V_reuse
-
-- delta(r): how much admitting r now shortens its task's expected remaining critical path
-  (`paths.py`), scaled by (mean remaining path / the task's remaining path) ** srpt_exponent;
-- g_i = 1 + rho * log(1 + age_i / h_age_s): aging, on admission gains only;
-- J_move: time to bring an absent prefix onto the GPU (host load, or recompute), charged to the
-  task whose admitted request brings it;
-- J_redo: per-token decode time x tokens generated, for each preempted request;
-- J_revoke: the admission credit recorded when a preempted request was admitted;
-- V_reuse = beta * sum over kept prefixes a of n_a * reload_time(a), where n_a counts stages of
-  agent a that become ready once the running stages finish (one hop).
-
-The prefix set is searched jointly with GREEDY-PACK (`pack.py`); at most K admissions +
-preemptions per decision. Parameters and the reasons for their defaults: `params.py`.
+At each scheduling point (every iteration while requests wait: `acts_while_full`, SGLang's
+priority-preemption door), TOPAS
+1. weighs every waiting request by how much admitting it now shortens its task's expected
+   remaining critical path (`paths.py`), times the task's weight: SRPT on the remaining path,
+   times aging on the workload's own time scale;
+2. searches resident sets R' around the current one (`search.py`): for each, GREEDY-PACK
+   (`pack.py`) admits only requests of R' agents, with preemptions and conservative backfill,
+   and the state is scored with progress, move costs (swap-in and swap-out) and reuse value;
+3. returns the best set's admissions, preemptions, and R' as the prefixes to keep pinned.
 """
 
 from __future__ import annotations
@@ -32,18 +25,14 @@ from topas_bench.schedulers.base import (
     EngineView,
     Policy,
     PrefixLocation,
+    PrefixView,
     RequestView,
     StageState,
 )
-from topas_bench.schedulers.topas.pack import (
-    Candidate,
-    PackInputs,
-    Victim,
-    greedy_pack,
-    search_keep_set,
-)
+from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
+from topas_bench.schedulers.topas.search import AgentInfo, search
 
 
 class Topas(Policy):
@@ -56,8 +45,9 @@ class Topas(Policy):
     def __init__(self, **params: Any) -> None:
         self.p = TopasParams(**{**self.defaults, **resolve_params(self.name, params)})
         self._credit: dict[int, float] = {}
-        self._starve_limit = math.inf
         self._path_memo: dict[str, tuple[int, int, TaskPath]] = {}
+        self._unloaded: dict[str, float] = {}  # task id -> its critical path when first seen
+        self._unloaded_sum = 0.0
 
     @property
     def params(self) -> dict[str, Any]:
@@ -68,141 +58,128 @@ class Topas(Policy):
         if not view.waiting:
             return Decision()
         horizon = self._horizon(view)
-        ranked = self._candidates(view, horizon)
         prefixes = {p.agent: p for p in view.prefixes()}
+        ranked, agent_gain = self._candidates(view, horizon, prefixes)
         locked = frozenset(
             a for a, p in prefixes.items() if p.where == PrefixLocation.GPU and p.locks > 0
         )
+        kept = frozenset(a for a, p in prefixes.items() if p.kept)
+        unkept = {
+            a: p.tokens
+            for a, p in prefixes.items()
+            if p.where == PrefixLocation.GPU and p.locks == 0 and not p.kept
+        }
         inputs = PackInputs(
             ranked=ranked,
             victims=self._victims(view, prefixes),
             budget=view.free_tokens + view.evictable_tokens - view.reserved_tokens,
-            prefix_tokens={
-                a: p.tokens
-                for a, p in prefixes.items()
-                if p.where == PrefixLocation.GPU and p.locks == 0 and not p.kept
-            },
+            prefix_tokens=unkept,
             kept_unlocked={a: p.tokens for a, p in prefixes.items() if p.kept and p.locks == 0},
             locked_agents=locked,
             max_actions=self.p.max_actions,
             scan=max(self.p.scan_limit, 4 * self.p.max_actions),
             preempt_margin_s=self.p.preempt_margin_s,
         )
-        if self.p.use_reuse:
-            reuse = self._reuse_values(view, prefixes)
-            keep, pack = search_keep_set(inputs, reuse, self.p.max_agents_exact)
-        else:
-            keep, pack = frozenset(), greedy_pack(inputs, frozenset())
-        admits = [c.req for c in pack.admits]
-        if not admits and not view.running and ranked:
-            admits = [ranked[0].req]  # an idle server always gets the best candidate
+        agents = self._agents(view, prefixes, ranked)
+        choice = search(
+            inputs, agents, locked | kept, agent_gain,
+            beta=self.p.beta if self.p.use_reuse else 0.0, joint=self.p.joint,
+            top=self.p.max_agents, must_admit=not view.running,
+        )  # fmt: skip
+        pack = choice.pack
         for c in pack.admits:
             self._credit[c.req.rid] = c.gain
-        preempts = [v.req for v in pack.preempts]
         for v in pack.preempts:
             self._credit.pop(v.req.rid, None)
         self._forget(view)
-        return Decision(admit=admits, preempt=preempts, keep_prefixes=keep)
+        keep = choice.keep | frozenset(a for a in locked if agents[a].next_users > 0)
+        keep = keep if self.p.use_reuse or self.p.joint else frozenset()
+        return Decision(
+            admit=[c.req for c in pack.admits],
+            preempt=[v.req for v in pack.preempts],
+            keep_prefixes=frozenset(a for a in keep if a in prefixes),
+        )
 
-    # -- pieces ----------------------------------------------------------------------------
+    # -- progress: weights and candidates ---------------------------------------------------
     def _horizon(self, view: EngineView) -> float:
         if self.p.horizon_s is not None:
             return self.p.horizon_s
         est = view.estimator
-        if not view.running:
-            return est.tpot_s
-        mean = sum(est.residual_service_s(r) for r in view.running) / len(view.running)
+        # how long a request not admitted now waits for its next chance: until running
+        # requests finish; on an idle server, as long as the waiting ones would take
+        reqs = view.running or view.waiting
+        mean = sum(est.residual_service_s(r) for r in reqs) / len(reqs)
         return max(mean, est.tpot_s)
 
-    def _candidates(self, view: EngineView, horizon: float) -> list[Candidate]:
-        """The waiting requests worth packing, best net gain first.
+    def unloaded_jct_s(self) -> float:
+        """T0: the mean critical path of the tasks seen so far, when each was first seen (its
+        expected JCT served alone): the time scale of aging and starvation."""
+        return self._unloaded_sum / len(self._unloaded) if self._unloaded else 0.0
 
-        Gains are computed for every waiting request (one pass, keeping the best `scan` in a
-        bounded heap); only those get their admission cost computed.
-        """
-        waiting = view.waiting
+    def _candidates(
+        self, view: EngineView, horizon: float, prefixes: dict[str, PrefixView]
+    ) -> tuple[list[Candidate], dict[str, float]]:
+        """Waiting requests worth packing (the best `scan` by gain, and every starving one),
+        starving first (oldest first), then by gain; and each agent's total waiting gain."""
         paths = self._paths(view, horizon)
-        mean_path = sum(p.service_s + p.hops * horizon for p in paths.values()) / len(paths)
-        alpha, rho, h_age = self.p.srpt_exponent, self.p.rho, self.p.h_age_s
-        aging = self.p.use_aging
-        now = view.now_s
-        tasks = view.tasks
-        log1p = math.log1p
-        weight: dict[str, float] = {}  # per task: g_i * srpt scale * horizon
         for tid, p in paths.items():
-            g = 1.0 + rho * log1p(max(now - tasks[tid].arrival_s, 0.0) / h_age) if aging else 1.0
-            if alpha:
-                length = p.service_s + p.hops * horizon
-                g *= (mean_path / length) ** alpha if length > 0 else 1.0
+            if tid not in self._unloaded:
+                self._unloaded[tid] = p.service_s
+                self._unloaded_sum += p.service_s
+        scale = self.unloaded_jct_s()
+        lengths = {tid: p.length(horizon) for tid, p in paths.items()}
+        mean_len = sum(lengths.values()) / len(lengths)
+        alpha, rho = self.p.srpt_exponent, self.p.rho
+        h_age = self.p.h_age_s if self.p.h_age_s is not None else self.p.h_age_mult * scale
+        now = view.now_s
+        weight: dict[str, float] = {}
+        for tid, length in lengths.items():
+            g = 1.0
+            if self.p.use_aging and h_age > 0:
+                g += rho * math.log1p(max(now - view.tasks[tid].arrival_s, 0.0) / h_age)
+            if alpha and length > 0:
+                g *= (mean_len / length) ** alpha
             weight[tid] = g * horizon
-        move: dict[str, float] = {}
-        # J_move is charged to each affected task: the admitted one, and (with move_stall)
-        # every task whose running request stalls while the prefix is recomputed or loaded.
-        affected = 1 + (len({r.task_id for r in view.running}) if self.p.move_stall else 0)
+        limit = self.p.starvation_mult * scale if self.p.starvation_mult > 0 else math.inf
         scan = max(self.p.scan_limit, 4 * self.p.max_actions)
-        # Requests sent longer ago than starvation_factor x the mean remaining path go first,
-        # oldest first, and block backfilling until they fit (`greedy_pack`); once running
-        # they are not preempted (`_victims`).
-        factor = self.p.starvation_factor
-        limit = self._starve_limit = factor * mean_path if factor > 0 else math.inf
+        heap: list[tuple[float, float, int, RequestView]] = []
         urgent: list[RequestView] = []
-        heap: list[tuple[float, float, int, float, float, RequestView]] = []
-        for r in waiting:
+        gains: dict[int, float] = {}
+        agent_gain: dict[str, float] = {}
+        for r in view.waiting:
+            gain = weight[r.task_id] * paths[r.task_id].delta_share[r.stage_id]
+            gains[r.rid] = gain
+            agent_gain[r.agent] = agent_gain.get(r.agent, 0.0) + gain
             if now - r.ready_s > limit:
                 urgent.append(r)
-            m = move.get(r.agent)
-            if m is None:
-                m = move[r.agent] = view.reload_s(r.agent) * affected
-            tid = r.task_id
-            gain = weight[tid] * paths[tid].delta_share[r.stage_id]
-            net = gain - m
-            if len(heap) >= scan and net < heap[0][0]:
-                continue  # cannot enter the best `scan`
-            # min-heap of the best so far on the sort key (net desc, queued asc, rid asc)
-            item = (net, -r.queued_s, -r.rid, gain, m, r)
+                continue
+            item = (gain, -r.queued_s, -r.rid, r)
             if len(heap) < scan:
                 heapq.heappush(heap, item)
             elif item[:3] > heap[0][:3]:
                 heapq.heapreplace(heap, item)
+        urgent.sort(key=lambda r: (r.ready_s, r.rid))
         heap.sort(reverse=True)
-        chosen = [(gain, m, r, False) for _, _, _, gain, m, r in heap]
-        if urgent:
-            urgent.sort(key=lambda r: (r.ready_s, r.rid))
-            first = {r.rid for r in urgent}
-            gains = {r.rid: (gain, m) for gain, m, r, _ in chosen}
-            chosen = [
-                (*gains.get(r.rid, (0.0, move.get(r.agent, 0.0))), r, True) for r in urgent
-            ] + [c for c in chosen if c[2].rid not in first]
-        prefixes = {p.agent: p for p in view.prefixes()}
+        est = view.estimator
         out = []
-        for gain, m, r, is_urgent in chosen:
+        for r, is_urgent in [*((r, True) for r in urgent), *((x[3], False) for x in heap)]:
             pv = prefixes.get(r.agent)
             resident = pv is not None and pv.where == PrefixLocation.GPU
             unlocked = (
-                pv.tokens if pv is not None and resident and pv.locks == 0 and not pv.kept else 0
+                pv.tokens if pv is not None and resident and not pv.locks and not pv.kept else 0
             )
-            out.append(
-                Candidate(
-                    req=r,
-                    agent=r.agent,
-                    gain=gain,
-                    move_s=m,
-                    need=view.admission_need(r) + view.lock_cost(r),
-                    prefix_unlocked=unlocked,
-                    resident=resident,
-                    urgent=is_urgent,
-                )
-            )
-        return out
+            out.append(Candidate(
+                req=r, agent=r.agent, gain=gains[r.rid],
+                cost=view.admission_need(r) + view.lock_cost(r), prefix=unlocked,
+                absent=pv is not None and not resident, service_s=est.residual_service_s(r),
+                urgent=is_urgent,
+            ))  # fmt: skip
+        return out, agent_gain
 
     def _paths(self, view: EngineView, horizon: float) -> dict[str, TaskPath]:
-        """Each waiting task's `TaskPath`, memoised per task.
-
-        A task whose state changed is always recomputed. One whose only change is that the
-        estimator learned since is refreshed lazily: at most `refresh_limit` of those per
-        decision, stalest first, so decision time stays bounded for long queues (with fewer
-        waiting tasks than that, every path is fresh).
-        """
+        """Each waiting task's `TaskPath`, memoised per task: a task whose state changed is
+        recomputed; one whose only change is that the estimator learned since is refreshed
+        lazily, at most `refresh_limit` per decision, stalest first."""
         est_version = view.estimator.version
         tasks = view.tasks
         memo = self._path_memo
@@ -237,41 +214,55 @@ class Topas(Policy):
         self._path_memo[tid] = (task.version, view.estimator.version, path)
         return path
 
-    def _victims(self, view: EngineView, prefixes: dict[str, Any]) -> list[Victim]:
+    # -- what the search weighs --------------------------------------------------------------
+    def _victims(self, view: EngineView, prefixes: dict[str, PrefixView]) -> list[Victim]:
         est = view.estimator
-        agents = Counter(r.agent for r in view.running)
+        users = Counter(r.agent for r in view.running)
+        scale = self.unloaded_jct_s()
+        limit = self.p.starvation_mult * scale if self.p.starvation_mult > 0 else math.inf
         victims = []
         for r in view.running:
-            if view.now_s - r.ready_s > self._starve_limit:
+            if view.now_s - r.ready_s > limit:
                 continue  # a request past the starvation limit keeps its place
             if r.preemptions >= self.p.max_preemptions:
                 continue  # no request is bounced more than max_preemptions times
-            shared = prefixes[r.agent].tokens if r.agent in prefixes and agents[r.agent] > 1 else 0
-            frees = r.prompt_tokens + r.generated - shared
-            frees += int(est.residual_tokens(r.agent, r.kind, r.generated))
-            redo = est.tpot_s * r.generated
-            victims.append(Victim(r, redo + self._credit.get(r.rid, 0.0), frees))
+            pv = prefixes.get(r.agent)
+            shared = pv.tokens if pv is not None and users[r.agent] > 1 else 0
+            residual = est.residual_tokens(r.agent, r.kind, r.generated, (r.task_id, r.stage_id))
+            frees = r.prompt_tokens + r.generated - shared + int(residual)
+            redo = est.tpot_s * r.generated + est.prefill_s(r.prompt_tokens)
+            victims.append(Victim(
+                r, r.agent, redo + self._credit.get(r.rid, 0.0), frees,
+                est.residual_service_s(r),
+            ))  # fmt: skip
         victims.sort(key=lambda v: (v.keep_value_s, v.req.rid))
         return victims
 
-    def _reuse_values(self, view: EngineView, prefixes: dict[str, Any]) -> dict[str, float]:
-        """V_reuse per resident agent: beta * n_a * the time to reload it if evicted."""
-        counts: Counter[str] = Counter()
+    def _agents(
+        self, view: EngineView, prefixes: dict[str, PrefixView], ranked: list[Candidate]
+    ) -> dict[str, AgentInfo]:
+        """Per agent (seen, or with a candidate): reload cost, residency, n_a, stall count."""
+        next_users: Counter[str] = Counter()
         for r in view.running:
             task = view.tasks[r.task_id]
             for child_id in task.stages[r.stage_id].children:
                 child = task.stages[child_id]
-                others_done = all(
-                    task.stages[d].state == StageState.DONE or d == r.stage_id for d in child.deps
-                )
-                if others_done:
-                    counts[child.agent] += 1
-        est = view.estimator
-        return {
-            a: self.p.beta * n * est.prefill_s(prefixes[a].tokens)
-            for a, n in counts.items()
-            if a in prefixes and prefixes[a].where == PrefixLocation.GPU
-        }
+                if all(
+                    d == r.stage_id or task.stages[d].state == StageState.DONE for d in child.deps
+                ):
+                    next_users[child.agent] += 1
+        stall = len({r.task_id for r in view.running}) if self.p.move_stall else 0
+        out = {}
+        for a in {*prefixes, *(c.agent for c in ranked)}:
+            pv = prefixes.get(a)
+            out[a] = AgentInfo(
+                reload_s=view.absent_reload_s(a),
+                resident=pv is not None and pv.where == PrefixLocation.GPU,
+                tokens=pv.tokens if pv is not None else 0,
+                next_users=next_users[a],
+                stall_tasks=stall,
+            )
+        return out
 
     def _forget(self, view: EngineView) -> None:
         if len(self._credit) > 2 * (len(view.running) + len(view.waiting)) + 64:
@@ -300,3 +291,10 @@ class TopasNoAging(Topas):
 
     name = "topas-no-aging"
     defaults: ClassVar[dict[str, Any]] = {"use_aging": False}
+
+
+class TopasNoJoint(Topas):
+    """TOPAS whose resident set does not restrict packing (ablation: the joint choice off)."""
+
+    name = "topas-no-joint"
+    defaults: ClassVar[dict[str, Any]] = {"joint": False}

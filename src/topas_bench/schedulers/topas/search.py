@@ -1,0 +1,145 @@
+"""The joint choice of TOPAS: which agents stay resident (R') and which of their requests run.
+
+For a candidate resident set R', GREEDY-PACK (`pack.py`) admits only requests of agents in R'
+(plus starving ones), R' prefixes that are resident are pinned, and the state is scored, in
+seconds of critical path:
+
+    score(R') = sum of admitted gains - J_redo - J_revoke - J_move(R') + V_reuse(R')
+
+- J_move(R') = swap-in + swap-out. Swap-in: every absent prefix an admitted request brings in
+  costs its reload time, charged once per task it delays (the admitted request, and with
+  `move_stall` the running tasks that stall while it is computed). Swap-out: a resident prefix
+  left out of R' whose tokens the pack needs is evicted; its next users (`n_a`, stages of agent a
+  due one hop ahead) each pay its reload.
+- V_reuse(R') = beta * sum over a in R' of n_a * reload(a).
+- reload(a) is one cost model for both: a host-tier load when a host tier holds evicted
+  prefixes, else the prefill time to recompute the prefix.
+
+Candidate sets (bounded, not every subset): the current set R0 (agents whose prefixes running
+requests lock, plus those kept); R0 with one agent added, removed, or swapped for another; and
+the top agents by the gain of their waiting requests, added greedily one at a time. The agents
+running requests lock are in every set. The best score wins; ties go to the smaller change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from topas_bench.schedulers.topas.pack import Pack, PackInputs, greedy_pack
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    """What the search knows of an agent."""
+
+    reload_s: float  # seconds to bring its prefix onto the GPU if it were absent
+    resident: bool  # its prefix is on the GPU now
+    tokens: int  # its prefix size
+    next_users: int  # n_a: its stages due one hop ahead
+    stall_tasks: int  # running tasks a recompute of its prefix would stall (with move_stall)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    keep: frozenset[str]
+    pack: Pack
+    score: float
+
+
+def score_set(
+    inp: PackInputs,
+    agents: dict[str, AgentInfo],
+    keep: frozenset[str],
+    beta: float,
+    joint: bool,
+) -> Choice:
+    """Pack for resident set `keep` and score it (`joint`: pack only its agents' requests)."""
+    pack = greedy_pack(inp, keep | inp.locked_agents if joint else None, keep)
+    swap_in = 0.0
+    brought: set[str] = set()
+    for c in pack.admits:
+        info = agents.get(c.agent)
+        if c.absent and info is not None and c.agent not in brought:
+            brought.add(c.agent)
+            swap_in += info.reload_s * (1 + info.stall_tasks)
+    swap_out = 0.0
+    # what the pack uses beyond the budget the unkept resident prefixes do not hold
+    unkept = {a: t for a, t in inp.prefix_tokens.items() if a not in keep}
+    excess = pack.used - (inp.budget - sum(unkept.values()))
+    if excess > 0:
+        # the pack needs memory the unkept resident prefixes hold: evict the least used first
+        out = sorted(
+            (a for a in unkept if a in agents),
+            key=lambda a: (agents[a].next_users * agents[a].reload_s, a),
+        )
+        for a in out:
+            if excess <= 0:
+                break
+            excess -= unkept[a]
+            swap_out += agents[a].next_users * agents[a].reload_s
+    reuse = beta * sum(
+        agents[a].next_users * agents[a].reload_s
+        for a in keep | inp.locked_agents
+        if a in agents and (agents[a].resident or a in brought)
+    )
+    score = pack.gain - pack.lost - swap_in - swap_out + reuse
+    return Choice(keep, pack, score)
+
+
+def search(
+    inp: PackInputs,
+    agents: dict[str, AgentInfo],
+    current: frozenset[str],
+    agent_gain: dict[str, float],
+    *,
+    beta: float,
+    joint: bool,
+    top: int,
+    must_admit: bool = False,
+) -> Choice:
+    """The best scored resident set among the bounded candidates around `current`; with
+    `must_admit` (an idle server) only sets whose pack admits something count, if any."""
+    seen: dict[frozenset[str], Choice] = {}
+
+    def _better(a: Choice, b: Choice) -> Choice:
+        if must_admit and bool(a.pack.admits) != bool(b.pack.admits):
+            return a if a.pack.admits else b
+        return b if b.score > a.score + 1e-9 else a
+
+
+    def score(keep: frozenset[str]) -> Choice:
+        keep = keep - inp.locked_agents
+        hit = seen.get(keep)
+        if hit is None:
+            hit = seen[keep] = score_set(inp, agents, keep, beta, joint)
+        return hit
+
+    base = current - inp.locked_agents
+    options = sorted(
+        (a for a in agents if a not in inp.locked_agents),
+        key=lambda a: (-agent_gain.get(a, 0.0), a),
+    )[:top]
+    best = score(base)
+    for a in options:
+        best = _better(best, score(base | {a}) if a not in base else score(base - {a}))
+    for a in [x for x in base if x not in options]:
+        best = _better(best, score(base - {a}))
+    for a in base:
+        for b in options:
+            if b not in base:
+                best = _better(best, score((base - {a}) | {b}))
+    # greedy growth by agent gain from the locked set alone: the concentrated alternative
+    grown = frozenset[str]()
+    for a in options:
+        grown = _pick(grown, a, score)
+        best = _better(best, score(grown))
+    return best
+
+
+def _pick(
+    keep: frozenset[str], a: str, score: Callable[[frozenset[str]], Choice]
+) -> frozenset[str]:
+    bigger = keep | {a}
+    return bigger if score(bigger).score > score(keep).score else keep
+
