@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -80,14 +81,41 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 def check_out_dir(path: Path, flag: str = "--out") -> Path:
-    """Fail before anything runs when `path` cannot become a directory (it or an ancestor is a
-    file)."""
+    """Fail before anything runs when `path` could not become a directory this process writes
+    to: it or an ancestor is a file, or the nearest existing one takes no new files. Creates
+    nothing that stays (a probe file comes and goes)."""
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():
                 raise TopasError(f"{flag} {path}: {p} is not a directory")
+            if problem := _unwritable(p):
+                raise TopasError(f"{flag} {path}: cannot write in {p} ({problem})")
             break
     return path
+
+
+def check_writable_file(path: Path) -> Path:
+    """Fail before anything runs when the file `path` could not be written: its directory is
+    missing or takes no new files, or `path` is a directory."""
+    if path.is_dir():
+        raise TopasError(f"cannot write {path}: it is a directory")
+    if not path.parent.is_dir():
+        raise TopasError(f"cannot write {path}: {path.parent} is not a directory")
+    if problem := _unwritable(path.parent):
+        raise TopasError(f"cannot write {path}: {path.parent} takes no new files ({problem})")
+    return path
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why no file can be made in `directory`, or None. Tried, not inferred from permission
+    bits, which do not say it all (root, a read-only mount, a full disk)."""
+    probe = directory / f".topas-bench-write-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
@@ -382,6 +410,7 @@ def workloads_export(
     from topas_bench.workloads.trace import dump_workload
 
     params = parse_assignments(workload_param or [], "--workload-param")
+    check_writable_file(output)
     w = generate(name, num_tasks=tasks, rate_per_s=rate, seed=seed, **params)
     dump_workload(w, output)
     out.print(f"wrote {output}: {len(w.tasks)} tasks, {sum(len(t.stages) for t in w.tasks)} calls")

@@ -210,8 +210,9 @@ def report(
     """
     from topas_bench.analysis.report import to_markdown, write_report
 
+    target = check_out_dir(out_dir or results)
     _, rep = _load(results)
-    files = write_report(rep, check_out_dir(out_dir or results))
+    files = write_report(rep, target)
     if not quiet:
         out.print(to_markdown(rep), markup=False)
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
@@ -232,8 +233,9 @@ def figures(
     """
     from topas_bench.analysis.figures import write_figures
 
+    target = check_out_dir(out_dir or results / "figures")
     coll, rep = _load(results)
-    files = write_figures(coll, rep, check_out_dir(out_dir or results / "figures"))
+    files = write_figures(coll, rep, target)
     out.print(f"wrote {len(files)} files to {out_dir or results / 'figures'}", markup=False)
 
 
