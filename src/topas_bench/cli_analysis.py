@@ -158,6 +158,8 @@ def sweep(
         f"sweep {target}: {result.cells} cells: {ran} ran, {result.skipped} already finished, "
         f"{len(result.failed)} failed"
     )
+    for path, why in result.redone:
+        err.print(f"redone: {path.relative_to(target)}: {why}", markup=False)
     for c in result.failed:
         err.print(f"failed: {c.workload}/{c.scheduler} seed {c.seed}: {c.error}", markup=False)
     if result.failed:
@@ -184,13 +186,40 @@ def _by_name(items: list[str] | None, flag: str) -> dict[str, dict[str, Any]] | 
     return grouped
 
 
-def _load(results: Path) -> Any:
-    from topas_bench.analysis.collect import collect
+SkipBad = Annotated[
+    bool,
+    typer.Option(
+        "--skip-bad", help="Leave out unreadable, partial or corrupt runs (listed) and go on."
+    ),
+]
+AllowMixed = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mixed-revisions",
+        help="Report runs written by different code revisions (or results formats) together.",
+    ),
+]
+
+
+def _load(results: Path, skip_bad: bool = False, allow_mixed: bool = False) -> Any:
+    """Collect a results tree. A bad run (unreadable, partial, corrupt) is an error naming it,
+    after listing every one, unless `skip_bad`; so are runs of several code versions, unless
+    `allow_mixed`."""
+    from topas_bench.analysis.collect import check_revisions, collect
     from topas_bench.analysis.report import build_report
 
     coll = collect(results)
     for p in coll.problems:
-        err.print(f"left out: {p}", markup=False)
+        err.print(f"{'left out' if skip_bad else 'bad run'}: {p}", markup=False)
+    if coll.problems and not skip_bad:
+        n = len(coll.problems)
+        raise TopasError(
+            f"{results}: {n} bad run{'s' * (n != 1)} (first: {coll.problems[0]}); "
+            "`topas-bench sweep` with the same settings redoes them, or pass --skip-bad "
+            "to leave them out"
+        )
+    if not allow_mixed:
+        check_revisions(coll)
     return coll, build_report(coll)
 
 
@@ -201,17 +230,21 @@ def report(
         Path | None, typer.Option("--out", "-o", help="Where report.md/.csv go (default: RESULTS).")
     ] = None,
     quiet: Annotated[bool, typer.Option(help="Do not print the Markdown.")] = False,
+    skip_bad: SkipBad = False,
+    allow_mixed_revisions: AllowMixed = False,
 ) -> None:
     """Summarise a results tree: JCT (mean/p50/p90/p99 with 95% bootstrap intervals over
     seeds), reduction vs the best baseline, throughput, prefix hits, preemptions, decision
-    overhead; as Markdown and CSV. Unreadable or partial runs are listed and left out.
+    overhead; as Markdown and CSV. Unreadable, partial or corrupt runs are listed and the
+    report refuses to go on (exit 2) unless --skip-bad; so do runs of several code revisions
+    unless --allow-mixed-revisions.
 
     Example: topas-bench report runs/s1 --out runs/s1
     """
     from topas_bench.analysis.report import to_markdown, write_report
 
     target = check_out_dir(out_dir or results)
-    _, rep = _load(results)
+    _, rep = _load(results, skip_bad, allow_mixed_revisions)
     files = write_report(rep, target)
     if not quiet:
         out.print(to_markdown(rep), markup=False)
@@ -225,6 +258,8 @@ def figures(
         Path | None,
         typer.Option("--out", "-o", help="Figure directory (default: RESULTS/figures)."),
     ] = None,
+    skip_bad: SkipBad = False,
+    allow_mixed_revisions: AllowMixed = False,
 ) -> None:
     """Draw JCT CDFs, mean/p99 bars, JCT against load, a prefix-residency and KV timeline, and
     ablation bars (PNG and SVG).
@@ -234,7 +269,7 @@ def figures(
     from topas_bench.analysis.figures import write_figures
 
     target = check_out_dir(out_dir or results / "figures")
-    coll, rep = _load(results)
+    coll, rep = _load(results, skip_bad, allow_mixed_revisions)
     files = write_figures(coll, rep, target)
     out.print(f"wrote {len(files)} files to {out_dir or results / 'figures'}", markup=False)
 
@@ -249,6 +284,8 @@ def compare(
     allow_missing: Annotated[
         bool, typer.Option(help="Pass even if NEW lacks some of the reference's rows.")
     ] = False,
+    skip_bad: SkipBad = False,
+    allow_mixed_revisions: AllowMixed = False,
 ) -> None:
     """Exit 1 if any scheduler's mean or p99 JCT, or TOPAS's advantage over the best baseline,
     regressed by more than --tolerance against the reference (per group); print what moved.
@@ -257,8 +294,8 @@ def compare(
     """
     from topas_bench.analysis.compare import compare as compare_reports
 
-    _, new_rep = _load(new)
-    _, ref_rep = _load(reference)
+    _, new_rep = _load(new, skip_bad, allow_mixed_revisions)
+    _, ref_rep = _load(reference, skip_bad, allow_mixed_revisions)
     result = compare_reports(new_rep, ref_rep, tolerance)
     moved = sorted((c for c in result.changes if abs(c.relative) > 1e-9),
                    key=lambda c: (not c.regressed, -abs(c.relative)))  # fmt: skip

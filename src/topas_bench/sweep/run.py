@@ -1,9 +1,11 @@
 """Run a sweep: plan every group in this process, run its cells on an executor, resumably.
 
 A cell is (group, scheduler). Its directory derives from its identity (`RunIdentity.run_dir`),
-so a finished cell (one with `run.json`, written last and atomically) is skipped unless
-`force`, and a killed sweep resumes with nothing lost or duplicated: an unfinished cell's
-directory has no `run.json` and is simply run again.
+so a finished cell is skipped unless `force`, and a killed sweep resumes with nothing lost or
+duplicated: cells are written whole or not at all (`results.write_run`), so an unfinished one
+is simply run again. Every stored cell is verified before it is skipped (`results.check_cell`:
+files readable, row counts as run.json records, the same workload sample); a corrupt or stale
+one is run again and reported in `SweepResult.redone`.
 
 Every group is planned here, once (`plan_run`): the workload is sampled once, and its canonical
 trace text travels to the worker with each cell (never a pickle), so every scheduler of a group
@@ -32,7 +34,7 @@ from topas_bench.experiment import (
     trace_digest,
     workload_digest,
 )
-from topas_bench.results import TABLES, reusable
+from topas_bench.results import TABLES, check_cell, is_finished
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import Group, SweepSpec
@@ -92,6 +94,8 @@ class SweepResult:
     cells: int = 0
     skipped: int = 0
     ran: list[CellOutcome] = field(default_factory=list)
+    #: stored cells that failed verification and were run again: (directory, why)
+    redone: list[tuple[Path, str]] = field(default_factory=list)
 
     @property
     def failed(self) -> list[CellOutcome]:
@@ -179,9 +183,14 @@ def run_sweep(
             if id(plan) not in traces:
                 trace = dumps_workload(plan.workload)
                 traces[id(plan)] = (trace, trace_digest(trace))
-            if not force and reusable(plan.identity(scheduler).run_dir(out), traces[id(plan)][1]):
-                result.skipped += 1
-                continue
+            run_dir = plan.identity(scheduler).run_dir(out)
+            if not force:
+                problem = check_cell(run_dir, traces[id(plan)][1])
+                if problem is None:
+                    result.skipped += 1
+                    continue
+                if is_finished(run_dir):
+                    result.redone.append((run_dir, problem))
             todo.append(_job(plan, scheduler, force, compact, *traces[id(plan)]))
         progress.phase("cells", len(todo))
         for outcome in ex.imap_unordered(run_cell_job, todo):
