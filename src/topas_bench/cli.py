@@ -215,11 +215,17 @@ def run(
     ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs"),
     force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
+    allow_large: Annotated[
+        bool,
+        typer.Option(help="Run even if the estimated memory exceeds half of this machine's RAM."),
+    ] = False,
 ) -> None:
     """Run schedulers on one sampled workload and print a JCT table per scheduler.
 
     Every scheduler sees the same tasks. Results go to OUT/<workload>/<scheduler>/<cell>/
-    (Parquet tables + run.json); a finished cell is reused unless --force.
+    (Parquet tables + run.json); a finished cell is reused unless --force. Above 5,000 tasks
+    the run's memory and time are estimated first, and a run that would need more than half
+    of this machine's RAM is refused unless --allow-large.
 
     Examples:
       topas-bench run --workload metagpt-tl
@@ -229,6 +235,7 @@ def run(
     """
     from topas_bench.analysis.console import print_plan, print_run_table
     from topas_bench.experiment import parse_schedulers, plan_run, run_cell
+    from topas_bench.sizing import ESTIMATE_ABOVE_TASKS, run_gate
 
     if engine not in ("sim", "sglang"):
         raise TopasError(f"unknown engine {engine!r}; known: sim, sglang")
@@ -241,14 +248,36 @@ def run(
             if value:
                 raise TopasError(f"{flag} is for --engine sglang; the simulator does not use it")
     names = parse_schedulers(scheduler)
-    plan = plan_run(
-        workload=workload, schedulers=names, num_tasks=tasks, seed=seed, rate_per_s=rate,
-        load=load, preset=preset, kv_budget_tokens=kv_budget,
-        length_hint="oracle" if length_hint == "oracle" else "none",
-        host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
-        workload_params=parse_assignments(workload_param or [], "--workload-param"),
-        scheduler_params=parse_scheduler_params(scheduler_param or []),
+    wparams = parse_assignments(workload_param or [], "--workload-param")
+    sparams = parse_scheduler_params(scheduler_param or [])
+    building = Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err,
+        transient=True,
     )  # fmt: skip
+
+    def before_generate(rate_per_s: float) -> None:
+        if engine == "sim":  # a real server's memory is not this process's
+            run_gate(
+                workload=workload, params=wparams, num_tasks=tasks, seed=seed,
+                schedulers=names, preset=preset, kv_budget_tokens=kv_budget,
+                scheduler_params=sparams, forced=allow_large,
+                say=lambda msg: err.print(msg, markup=False),
+            )(rate_per_s)  # fmt: skip
+        if tasks > ESTIMATE_ABOVE_TASKS:
+            building.start()
+            building.add_task(f"sampling {tasks:,} tasks", total=None)
+
+    try:
+        plan = plan_run(
+            workload=workload, schedulers=names, num_tasks=tasks, seed=seed, rate_per_s=rate,
+            load=load, preset=preset, kv_budget_tokens=kv_budget,
+            length_hint="oracle" if length_hint == "oracle" else "none",
+            host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
+            workload_params=wparams, scheduler_params=sparams, before_generate=before_generate,
+        )  # fmt: skip
+    finally:
+        if building.live.is_started:
+            building.stop()
     if engine == "sglang":
         from topas_bench.runners.sglang.runner import options
         from topas_bench.runners.sglang.runner import print_plan as print_sglang_plan

@@ -50,6 +50,9 @@ class _Bar(SweepProgress):
     def advance(self, name: str, label: str) -> None:
         self._p.update(self._bars[name], advance=1, last=label)
 
+    def note(self, text: str) -> None:
+        self._p.console.print(text, markup=False)
+
 
 @handles_errors
 def sweep(
@@ -108,6 +111,10 @@ def sweep(
     compact: Annotated[
         bool, typer.Option(help="Store tables losslessly smaller (zstd), e.g. to commit them.")
     ] = False,
+    allow_large: Annotated[
+        bool,
+        typer.Option(help="Run even if the estimated memory exceeds half of this machine's RAM."),
+    ] = False,
 ) -> None:
     """Run schedulers x workloads x loads (or rates) x seeds x presets x KV budgets.
 
@@ -152,6 +159,7 @@ def sweep(
         result = run_sweep(
             [s for s, _ in specs], target, jobs=workers, executor=executor,
             address=address, force=force, compact=compact, progress=_Bar(progress),
+            allow_large=allow_large,
         )  # fmt: skip
     ran = len(result.ran) - len(result.failed)
     out.print(

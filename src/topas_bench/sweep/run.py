@@ -111,6 +111,9 @@ class Progress:
     def advance(self, name: str, label: str) -> None:
         pass
 
+    def note(self, text: str) -> None:
+        """A line for the user (the size estimate of a large sweep)."""
+
 
 def run_cell_job(job: CellJob) -> CellOutcome:
     """A worker's entry point (module-level, so process pools and Ray can import it)."""
@@ -164,9 +167,12 @@ def run_sweep(
     force: bool = False,
     compact: bool = False,
     progress: Progress | None = None,
+    allow_large: bool = False,
 ) -> SweepResult:
     """Run every cell of `specs` that has no finished result under `out` (all with `force`);
-    `compact` stores the tables smaller (`compact_tables`)."""
+    `compact` stores the tables smaller (`compact_tables`). A large sweep's memory and time
+    are estimated before its workloads are sampled (`_check_size`); one too large for this
+    machine is refused unless `allow_large`."""
     progress = progress or Progress()
     _check_names(specs)
     if address is not None and executor != "ray":
@@ -174,6 +180,7 @@ def run_sweep(
     ex = make_executor(executor, jobs, address)
     try:
         caps = _capacities(specs, out, ex, force, progress)
+        _check_size(specs, caps, jobs if executor == "local" else 1, allow_large, progress)
         plans = _plans(specs, out, caps)
         result = SweepResult(out)
         todo: list[CellJob] = []
@@ -213,6 +220,55 @@ def _check_names(specs: Sequence[SweepSpec]) -> None:
             load_preset(p)
         for s in spec.schedulers:
             make_policy(s, **spec.scheduler_params.get(s, {}))
+
+
+def _check_size(
+    specs: Sequence[SweepSpec],
+    caps: Mapping[CapacityKey, float],
+    jobs: int,
+    allow_large: bool,
+    progress: Progress,
+) -> None:
+    """Estimate the sweep's memory and time (`sizing.estimate_sweep`) when one of its runs has
+    more than `ESTIMATE_ABOVE_TASKS` tasks or all together twenty times that; refuse past half
+    of this machine's RAM unless `allow_large`. Every workload setting is probed once."""
+    from topas_bench.sizing import (
+        ESTIMATE_ABOVE_TASKS,
+        PROBE_TASKS,
+        Probe,
+        check,
+        estimate_sweep,
+        memory_limit_bytes,
+        probe,
+    )
+
+    groups = [(spec, g) for spec in specs for g in spec.groups()]
+    sizes = [spec.num_tasks for spec, _ in groups]
+    if max(sizes) <= ESTIMATE_ABOVE_TASKS and sum(sizes) <= 20 * ESTIMATE_ABOVE_TASKS:
+        return
+    progress.note(
+        f"{len(groups):,} runs of up to {max(sizes):,} tasks: estimating the sweep's size from "
+        f"{PROBE_TASKS}-task probes"
+    )
+    limit = memory_limit_bytes()
+    for with_schedulers in (False, True):  # the workloads alone first: cheap, maybe enough
+        probes: dict[tuple[CapacityKey, tuple[str, ...]], Probe] = {}
+        sized = []
+        for spec, g in groups:
+            cap = caps.get(_cap_key(spec, g))
+            rate = g.load * cap if g.load is not None and cap is not None else g.rate_per_s
+            names = spec.schedulers if with_schedulers else ()
+            key = (_cap_key(spec, g), names)
+            if key not in probes:
+                probes[key] = probe(
+                    g.workload, spec.workload_params.get(g.workload, {}), rate, g.seed, names,
+                    g.preset, g.kv_budget_tokens, spec.scheduler_params,
+                )  # fmt: skip
+            sized.append((probes[key], spec.num_tasks))
+        est = estimate_sweep(sized, jobs)
+        if with_schedulers:
+            progress.note(est.describe())
+        check(est, limit_bytes=limit, forced=allow_large, what="sweep")
 
 
 def _budget(group: Group) -> int:
