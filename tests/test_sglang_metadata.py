@@ -145,7 +145,7 @@ def _record(**over: Any) -> dict[str, Any]:
     [
         ("[" * 200_000, "nested too deeply"),
         (json.dumps(_record(dag=[["a", "A", "", [[[[[[]]]]]], 1, 0]])), "dag deps"),
-        ("9" * 5_000, "malformed: ValueError"),  # Python's int-digits limit, inside json
+        ("9" * 5_000, "invalid JSON (ValueError)"),  # Python's int-digits limit, inside json
         (json.dumps(_record(prefix=True)), "prefix: expected a count"),
         (json.dumps(_record(dag=[["a", "A", "", [], 1, float("nan")]])).replace("NaN", "1e999"),
          "delay_s"),

@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -55,8 +56,15 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+#: Exit code of an unexpected exception (a bug), as sysexits' EX_SOFTWARE; bad input is 2.
+INTERNAL_ERROR = 70
+DEBUG_ENV = "TOPAS_BENCH_DEBUG"
+
+
 def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn library errors into one clear line and exit code 2 (a trace: every problem)."""
+    """Turn library errors into one clear line and exit code 2 (a trace: every problem). An
+    unexpected exception is a bug: one line naming it and exit code 70, never a traceback
+    (unless $TOPAS_BENCH_DEBUG is set)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -76,6 +84,16 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except KeyboardInterrupt:
             err.print("interrupted: finished runs are kept; run again to resume", markup=False)
             raise typer.Exit(130) from None
+        except Exception as e:  # a bug of ours: one line, a distinct exit code, no traceback
+            if os.environ.get(DEBUG_ENV):
+                raise
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            err.print(
+                f"internal error: {type(e).__name__}: {e} ({Path(frame.filename).name}:"
+                f"{frame.lineno}); please report it; {DEBUG_ENV}=1 shows the traceback",
+                markup=False,
+            )
+            raise typer.Exit(INTERNAL_ERROR) from None
 
     return wrapper
 
@@ -127,7 +145,7 @@ def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
             raise TopasError(f"{flag} expects key=value, got {item!r}")
         try:
             result[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON (or beyond what json reads): a string
             result[key.strip()] = raw
     return result
 
@@ -252,7 +270,7 @@ def run(
     sparams = parse_scheduler_params(scheduler_param or [])
     building = Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err,
-        transient=True,
+        transient=True, disable=not err.is_terminal,
     )  # fmt: skip
 
     def before_generate(rate_per_s: float) -> None:

@@ -220,7 +220,7 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "run.json"
     try:
         meta = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: JSONDecodeError and more
         raise TopasError(f"{path}: unreadable run.json ({e})") from None
     if not isinstance(meta, dict) or "identity" not in meta:
         raise TopasError(f"{path}: not a topas-bench run.json (no identity)")

@@ -64,7 +64,7 @@ def _bars() -> Progress:
 
     return Progress(
         TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=err,
+        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
     )  # fmt: skip
 
 

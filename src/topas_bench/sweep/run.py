@@ -316,7 +316,7 @@ def _read_capacities(path: Path) -> dict[CapacityKey, float]:
              int(r["kv_budget_tokens"])): float(r["capacity_tps"])
             for r in rows
         }  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise TopasError(
             f"{path}: unreadable capacity cache ({e}); delete it or use --force"
         ) from None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.trace import TraceError, TraceProblem
+from topas_bench.workloads.trace import TraceError, TraceProblem, _json_error
 
 _INTS = ("id", "system_tokens", "rest_tokens", "n_messages", "completion_tokens")
 _LCP = "lcp_tokens_with_prev_call_of_same_role"
@@ -101,6 +101,9 @@ def _call(n: int, line: str, seen: _Seen, problems: list[TraceProblem]) -> Call 
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         bad("call", f"invalid JSON: {e.msg} (column {e.colno})")
+        return None
+    except (ValueError, RecursionError) as e:  # a 5,000-digit integer; nesting too deep
+        bad("call", f"invalid JSON: {_json_error(e)}")
         return None
     if not isinstance(obj, dict):
         bad("call", f"expected a JSON object, got {type(obj).__name__}")

@@ -177,6 +177,9 @@ class _Parser:
         except json.JSONDecodeError as e:
             self.problems.append(TraceProblem(n, what, f"invalid JSON: {e.msg} (column {e.colno})"))
             return None
+        except (ValueError, RecursionError) as e:  # a 5,000-digit integer; nesting too deep
+            self.problems.append(TraceProblem(n, what, f"invalid JSON: {_json_error(e)}"))
+            return None
         if isinstance(obj, dict):
             return obj
         self.problems.append(TraceProblem(n, what, _bad("a JSON object", obj)))
@@ -554,6 +557,13 @@ def _items(v: Any, report: Callable[[str], None]) -> Sequence[Any]:
 
 def _ignore(message: str) -> None:
     pass
+
+
+def _json_error(e: Exception) -> str:
+    """What `json.loads` failed on beyond syntax, in one short line."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e).split(";")[0]
 
 
 def _is_int(v: Any) -> bool:

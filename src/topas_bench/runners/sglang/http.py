@@ -128,7 +128,7 @@ async def request_json(method: str, url: str, body: Any = None, timeout_s: float
     _check_status(status, raw, url)
     try:
         return json.loads(raw) if raw else None
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         raise RequestError(f"{url}: answer is not JSON: {raw[:200]!r}") from None
 
 
@@ -156,7 +156,7 @@ async def stream_events(
                     return
                 try:
                     event = json.loads(payload)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):
                     raise RequestError(f"{url}: bad event: {payload[:200]!r}") from None
                 if isinstance(event, dict) and "error" in event and "choices" not in event:
                     raise RequestError(f"{url}: server error in stream: {event['error']}")

@@ -121,6 +121,8 @@ def decode(
         return None, str(e)
     except json.JSONDecodeError:
         return None, "malformed: invalid JSON (JSONDecodeError)"
+    except ValueError:  # json's own limits, e.g. an integer of more than 4,300 digits
+        return None, "malformed: invalid JSON (ValueError)"
     except RecursionError:
         return None, "malformed: nested too deeply"
     except Exception as e:  # anything else the input can provoke, e.g. a 5,000-digit integer
