@@ -265,3 +265,26 @@ def test_done_is_counted_not_scanned() -> None:
     assert not t.done
     t.set_state("s1", StageState.DONE)
     assert t.done
+
+
+def test_a_large_decode_pauses_the_gc_and_always_restores_it() -> None:
+    import gc
+
+    from topas_bench.runners.sglang.metadata import GC_PAUSE_CHARS, gc_paused
+
+    seen: list[bool] = []
+    with gc_paused(True):
+        seen.append(gc.isenabled())
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused(True):
+        raise RuntimeError("a failure inside")
+    assert gc.isenabled()
+    gc.disable()  # already off (the host process's choice): left off
+    try:
+        with gc_paused(True):
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    big = {KEY: "[" + " " * GC_PAUSE_CHARS + "]"}  # large, and malformed
+    assert decode(big)[0] is None and gc.isenabled()

@@ -13,9 +13,11 @@ counts the reason in a warning metric. Parsing is linear in the metadata's size.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -100,11 +102,46 @@ class _Bad(Exception):
     logs each reason once, so a client must not be able to mint new ones)."""
 
 
+#: Metadata above this many characters is decoded with the cyclic GC paused (`gc_paused`).
+GC_PAUSE_CHARS = 100_000
+
+
+def is_large(custom: object) -> bool:
+    """Whether `custom` carries metadata of more than `GC_PAUSE_CHARS` characters."""
+    try:
+        raw = custom.get(KEY) if isinstance(custom, Mapping) else None
+    except Exception:  # an odd mapping: `decode` reports it
+        return False
+    return isinstance(raw, str) and len(raw) > GC_PAUSE_CHARS
+
+
+@contextlib.contextmanager
+def gc_paused(pause: bool) -> Iterator[None]:
+    """Pause CPython's cyclic garbage collector while a large DAG is built. Its hundreds of
+    thousands of new containers (none in a cycle) would otherwise set off collections that
+    each rescan every object alive in the scheduler process: with them, decoding and ordering
+    a 100,000-stage DAG takes about twice as long. Restored on exit, whatever happens; a no-op
+    when `pause` is false or the collector is already off."""
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def decode(
     custom_params: object, limits: Limits = DEFAULT_LIMITS
 ) -> tuple[RequestMeta | None, str | None]:
     """`(meta, None)`, or `(None, reason)` when the metadata is absent, malformed or beyond
     `limits`. Never raises."""
+    with gc_paused(is_large(custom_params)):
+        return _decode(custom_params, limits)
+
+
+def _decode(custom_params: object, limits: Limits) -> tuple[RequestMeta | None, str | None]:
     try:
         if custom_params is None:
             return None, "missing"

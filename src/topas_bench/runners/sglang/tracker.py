@@ -14,20 +14,19 @@ has been idle for `idle_ttl_s` (its client went away).
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import Any, Protocol
 
 from topas_bench.runners.sglang.metadata import (
     DEFAULT_LIMITS,
-    KEY,
     Limits,
     RequestMeta,
     StageMeta,
     decode,
+    gc_paused,
     independent,
+    is_large,
 )
 from topas_bench.schedulers.base import StageState
 from topas_bench.schedulers.estimator import ServiceEstimator
@@ -137,15 +136,24 @@ _BLOCKED, _DELAYED = StageState.BLOCKED, StageState.DELAYED  # (enum lookups, pe
 
 
 class TrackedStage:
-    """A stage of a live task (satisfies `StageView`)."""
+    """A stage of a live task (satisfies `StageView`). Its children's ids are worked out on
+    first use: a DAG may have 100,000 stages, most of which no policy ever asks about."""
 
-    __slots__ = ("children", "meta", "request", "state")
+    __slots__ = ("_children", "_dag", "_kids", "meta", "request", "state")
 
-    def __init__(self, meta: StageMeta, children: tuple[str, ...]) -> None:
+    def __init__(self, meta: StageMeta, kids: list[int], dag: Sequence[StageMeta]) -> None:
         self.meta = meta
-        self.children = children
+        self._kids = kids  # indices into `dag`
+        self._dag = dag
+        self._children: tuple[str, ...] | None = None
         self.state = _BLOCKED if meta.deps else _DELAYED
         self.request: TrackedRequest | None = None
+
+    @property
+    def children(self) -> tuple[str, ...]:
+        if self._children is None:
+            self._children = tuple([self._dag[c].id for c in self._kids])
+        return self._children
 
     @property
     def id(self) -> str:
@@ -193,12 +201,9 @@ class TrackedTask:
         self.attained_s = 0.0
         self.version = 0
         self.last_seen_s = arrival_s
-        stages = meta.stages
-        order, children = _topo(stages)
-        self._stages = {
-            stages[i].id: TrackedStage(stages[i], tuple([stages[c].id for c in children[i]]))
-            for i in order
-        }
+        dag = meta.stages
+        order, children = _topo(dag)
+        self._stages = {dag[i].id: TrackedStage(dag[i], children[i], dag) for i in order}
         self._done = 0  # stages in state DONE (`done` in O(1): a DAG may have 100,000 stages)
 
     @property
@@ -242,41 +247,21 @@ def _topo(stages: Sequence[StageMeta]) -> tuple[list[int], list[list[int]]]:
     depth = [0] * len(stages)
     ready = [i for i, n in enumerate(missing) if n == 0]
     for i in ready:  # `ready` grows while it is walked: a FIFO queue
+        below = depth[i] + 1
         for c in children[i]:
-            if depth[c] <= depth[i]:
-                depth[c] = depth[i] + 1
+            if depth[c] < below:
+                depth[c] = below
             missing[c] -= 1
             if missing[c] == 0:
                 ready.append(c)
+    if len(ready) == len(stages):  # a DAG: stable bucket sort by depth, linear
+        buckets: list[list[int]] = [[] for _ in range(max(depth, default=0) + 1)]
+        for i, level in enumerate(depth):
+            buckets[level].append(i)
+        return [i for b in buckets for i in b], children
     placed = set(ready)
     order = sorted(ready, key=lambda i: (depth[i], i))
     return order + [i for i in range(len(stages)) if i not in placed], children
-
-
-#: Metadata above this many characters is decoded with the cyclic GC paused (`_gc_paused`).
-GC_PAUSE_CHARS = 100_000
-
-
-def _large(custom: object) -> bool:
-    raw = custom.get(KEY) if isinstance(custom, Mapping) else None
-    return isinstance(raw, str) and len(raw) > GC_PAUSE_CHARS
-
-
-@contextlib.contextmanager
-def _gc_paused(pause: bool) -> Iterator[None]:
-    """Pause CPython's cyclic garbage collector while a large DAG is built. Its hundreds of
-    thousands of new containers (none in a cycle) would otherwise set off collections that
-    each rescan every object alive in the scheduler process: with them, decoding and ordering
-    a 100,000-stage DAG takes about twice as long. Restored on exit, whatever happens; a no-op
-    when `pause` is false or the collector is already off."""
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class Tracker:
@@ -310,7 +295,7 @@ class Tracker:
         now = self.clock()
         try:
             custom = getattr(req.sampling_params, "custom_params", None)
-            with _gc_paused(_large(custom)):
+            with gc_paused(is_large(custom)):
                 meta, reason = decode(custom, self.limits)
                 if meta is not None and meta.prefix_tokens > len(req.origin_input_ids):
                     meta, reason = None, "malformed: prefix longer than the prompt"
