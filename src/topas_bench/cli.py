@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -84,6 +85,8 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except KeyboardInterrupt:
             err.print("interrupted: finished runs are kept; run again to resume", markup=False)
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.Abort, click.ClickException):
+            raise  # the command's own exit code, or a usage error
         except Exception as e:  # a bug of ours: one line, a distinct exit code, no traceback
             if os.environ.get(DEBUG_ENV):
                 raise
