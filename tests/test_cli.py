@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner, Result
 
+from test_metagpt_import import unwritable_dir
 from topas_bench.cli import app
 from topas_bench.experiment import GROUPS, measure_capacity
 from topas_bench.results import TABLES, RunIdentity
@@ -352,6 +353,19 @@ def test_an_output_path_under_a_file_fails_before_running(tmp_path: Path) -> Non
         f"cannot write {blocker / 'x.jsonl'}: {blocker} is not a directory",
     )
     assert blocker.read_text() == ""
+
+
+def test_an_unwritable_output_fails_before_running(tmp_path: Path) -> None:
+    ro = unwritable_dir(tmp_path)
+    for args in (
+        (*RUN, "--out", ro / "runs"),
+        ("sweep", "-w", "chain3", "-s", "fcfs", "--rate", "0.1", "-n", "2", "--out", ro / "s"),
+        ("report", "tests", "--out", ro / "r"),
+    ):
+        assert_one_line_error(invoke(*args), f"cannot write in {ro}")
+    assert_one_line_error(
+        invoke("workloads", "export", "dag4", "-o", ro / "x.jsonl"), "takes no new files"
+    )
 
 
 @pytest.mark.parametrize(

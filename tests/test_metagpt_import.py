@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
 from topas_bench.workloads.metagpt_import import (
     Call,
+    _last_finished_before,
     import_trace,
     load_calls,
     parse_calls,
@@ -194,6 +198,38 @@ def test_load_calls_keeps_fields() -> None:
     )
 
 
+def _brute_last_finished(calls: list[Call]) -> list[int | None]:
+    """The call-order dependency as the module docstring defines it, by brute force."""
+    out: list[int | None] = []
+    for c in calls:
+        before = [d for d in calls if d.id < c.id and d.t_end <= c.t_start]
+        out.append(max(before, key=lambda d: (d.t_end, d.id)).id if before else None)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 6)), min_size=1, max_size=40))
+def test_call_order_dependency_matches_brute_force(spans: list[tuple[int, int]]) -> None:
+    # coarse integer times: many ties in t_end and starts exactly at an earlier end
+    calls = [Call(i, "R", "a", float(s), float(s + d), 1, 1, 1, 0, ()) for i, (s, d) in
+             enumerate(spans)]  # fmt: skip
+    assert _last_finished_before(calls) == _brute_last_finished(calls)
+
+
+def test_import_reports_progress_by_phase() -> None:
+    seen: dict[str, list[tuple[int, int]]] = {}
+    w = import_trace(
+        DATA / "sop-qa-2048-offline.jsonl", num_tasks=3, rate_per_s=0.01,
+        progress=lambda phase, done, total: seen.setdefault(phase, []).append((done, total)),
+    )  # fmt: skip
+    assert list(seen) == ["read", "convert", "replicate", "check"]
+    calls = w.params["calls"]
+    assert seen["convert"][-1] == (calls, calls) and seen["replicate"][-1] == (3, 3)
+    assert seen["check"] == [(0, 3), (3, 3)]
+    for ticks in seen.values():  # monotone, ending complete
+        assert ticks == sorted(ticks) and ticks[-1][0] == ticks[-1][1]
+
+
 # -- CLI ---------------------------------------------------------------------------------------
 def test_cli_trace_import(tmp_path: Path) -> None:
     out = tmp_path / "sop.jsonl"
@@ -230,6 +266,27 @@ def test_cli_trace_import_reports_every_problem(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert f"{bad}:1: role: missing" in res.output and f"{bad}:2: call: invalid JSON" in res.output
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_cli_trace_import_checks_the_output_before_reading(tmp_path: Path) -> None:
+    src = str(DATA / "sop-2048-offline.jsonl")
+    for target, message in (
+        (tmp_path / "missing" / "o.jsonl", "is not a directory"),
+        (tmp_path, "it is a directory"),
+        (unwritable_dir(tmp_path) / "o.jsonl", "takes no new files"),
+    ):
+        res = CliRunner().invoke(app, ["trace", "import", src, "-o", str(target)])
+        assert res.exit_code == 2 and message in res.stderr, res.output
+        assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.output
+
+
+def unwritable_dir(tmp_path: Path) -> Path:
+    """A directory no new file can be made in, also for root (who ignores permission bits)."""
+    if os.geteuid() == 0:
+        return Path("/sys")  # sysfs takes no new files, not even from root
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    return ro
 
 
 # -- metagpt-replay: a recording as a registered workload -------------------------------------

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from topas_bench.analysis.collect import collect
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
+from topas_bench.results import is_hidden
 from topas_bench.sweep import SweepSpec, load_specs, parse_list, read_toml, run_sweep
 from topas_bench.sweep.run import CAPACITY_FILE, compact_tables
 
@@ -25,7 +26,8 @@ TINY = ["-w", "chain3,dag4", "-s", "fcfs,lpm", "--rate", "0.05", "--seeds", "0,1
 
 
 def run_dirs(root: Path) -> list[Path]:
-    return sorted(p.parent for p in root.rglob("run.json"))
+    """Finished cells (not a killed writer's hidden temporary directory)."""
+    return sorted(p.parent for p in root.rglob("run.json") if not is_hidden(p, root))
 
 
 def invoke(*args: str | Path) -> tuple[int, str]:

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload
+from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key
 from topas_bench.workloads.trace import (
     TraceError,
     TraceProblem,
@@ -421,3 +423,72 @@ def test_trace_error_pickles() -> None:
     error = _problems([])
     again = pickle.loads(pickle.dumps(error))
     assert str(again) == str(error) and again.problems == error.problems
+
+
+# -- linear graph checks (issue 13: a 100,000-stage task validates in seconds) -----------------
+def _reference_cycles(deps: dict[str, list[str]]) -> list[list[str]]:
+    """The checker's former cycle search (quadratic on long chains), as the reference."""
+    left, cycles = dict(deps), list[list[str]]()
+    while True:
+        while free := [n for n, ds in left.items() if not any(d in left for d in ds)]:
+            for n in free:
+                del left[n]
+        if not left:
+            return cycles
+        path, n = [], next(iter(left))
+        while n not in path:
+            path.append(n)
+            n = next(d for d in left[n] if d in left)
+        cycles.append(path[path.index(n) :])
+        for n in cycles[-1]:
+            del left[n]
+
+
+def _graphs() -> st.SearchStrategy[dict[str, list[str]]]:
+    return st.lists(st.sets(st.integers(0, 9), max_size=3), min_size=1, max_size=10).map(
+        lambda rows: {
+            f"s{i}": [f"s{d}" for d in sorted(ds) if d < len(rows)] for i, ds in enumerate(rows)
+        }
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(_graphs())
+def test_cycle_search_matches_the_reference(deps: dict[str, list[str]]) -> None:
+    from topas_bench.workloads.trace import _cycles
+
+    assert _cycles(deps) == _reference_cycles(deps)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_graphs(), st.data())
+def test_ancestor_search_matches_the_closure(
+    deps: dict[str, list[str]], data: st.DataObject
+) -> None:
+    from topas_bench.workloads.trace import _is_ancestor
+
+    def closure(sid: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(deps[sid])
+        while todo:
+            if (d := todo.pop()) not in seen:
+                seen.add(d)
+                todo += deps[d]
+        return seen
+
+    a, b = data.draw(st.sampled_from(sorted(deps))), data.draw(st.sampled_from(sorted(deps)))
+    assert _is_ancestor(a, b, deps, None) == (a in closure(b))
+    index = {n: i for i, n in enumerate(deps)}
+    if all(index[d] < index[n] for n, ds in deps.items() for d in ds):  # topological order
+        assert _is_ancestor(a, b, deps, index) == (a in closure(b))
+
+
+def test_a_long_cycle_is_one_readable_line() -> None:
+    stages = tuple(
+        Stage(f"s{i}", "A", (Segment(agent_key("A"), 4),), 2, (f"s{(i - 1) % 500}",))
+        for i in range(500)
+    )
+    w = Workload("w", (Agent("A", 4),), (Task("t", "w", 0.0, stages),))
+    (problem,) = validate(w)
+    assert problem.message.startswith("dependency cycle: s0 needs s499 needs s498")
+    assert "(500 stages in all)" in problem.message and len(problem.message) < 200

@@ -23,6 +23,7 @@ from rich.progress import (
 from topas_bench import cli_analysis, cli_fidelity
 from topas_bench.cli_common import (
     check_out_dir,
+    check_writable_file,
     err,
     handles_errors,
     out,
@@ -137,11 +138,17 @@ def run(
     ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs"),
     force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
+    allow_large: Annotated[
+        bool,
+        typer.Option(help="Run even if the estimated memory exceeds half of this machine's RAM."),
+    ] = False,
 ) -> None:
     """Run schedulers on one sampled workload and print a JCT table per scheduler.
 
     Every scheduler sees the same tasks. Results go to OUT/<workload>/<scheduler>/<cell>/
-    (Parquet tables + run.json); a finished cell is reused unless --force.
+    (Parquet tables + run.json); a finished cell is reused unless --force. Above 5,000 tasks
+    the run's memory and time are estimated first, and a run that would need more than half
+    of this machine's RAM is refused unless --allow-large.
 
     Examples:
       topas-bench run --workload metagpt-tl
@@ -154,6 +161,7 @@ def run(
     from topas_bench.analysis.console import print_plan, print_run_table
     from topas_bench.experiment import parse_schedulers, plan_run, run_cell
     from topas_bench.runners.engines import ENGINES
+    from topas_bench.sizing import ESTIMATE_ABOVE_TASKS, run_gate
 
     ENGINES.get(engine)  # an unknown engine: one line naming the known ones
     if length_hint not in ("none", "oracle"):
@@ -170,15 +178,37 @@ def run(
 
     names = parse_schedulers(scheduler)
     wparams = parse_assignments(workload_param or [], "--workload-param")
-    plan = plan_run(
-        workload=workload, schedulers=names, seed=seed, rate_per_s=rate,
-        num_tasks=tasks if tasks is not None else run_defaults(workload, wparams)[0],
-        load=load, preset=preset, kv_budget_tokens=kv_budget,
-        length_hint="oracle" if length_hint == "oracle" else "none",
-        host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
-        workload_params=wparams, scheduler_params=parse_scheduler_params(scheduler_param or []),
-        engine="sim" if engine == "sglang" else engine,
+    sparams = parse_scheduler_params(scheduler_param or [])
+    num_tasks = tasks if tasks is not None else run_defaults(workload, wparams)[0]
+    building = Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err,
+        transient=True, disable=not err.is_terminal,
     )  # fmt: skip
+
+    def before_generate(rate_per_s: float) -> None:
+        if engine != "sglang":  # a real server's memory is not this process's
+            run_gate(
+                workload=workload, params=wparams, num_tasks=num_tasks, seed=seed,
+                schedulers=names, preset=preset, kv_budget_tokens=kv_budget,
+                scheduler_params=sparams, forced=allow_large,
+                say=lambda msg: err.print(msg, markup=False),
+            )(rate_per_s)  # fmt: skip
+        if num_tasks > ESTIMATE_ABOVE_TASKS:
+            building.start()
+            building.add_task(f"sampling {num_tasks:,} tasks", total=None)
+
+    try:
+        plan = plan_run(
+            workload=workload, schedulers=names, num_tasks=num_tasks, seed=seed,
+            rate_per_s=rate, load=load, preset=preset, kv_budget_tokens=kv_budget,
+            length_hint="oracle" if length_hint == "oracle" else "none",
+            host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
+            workload_params=wparams, scheduler_params=sparams, before_generate=before_generate,
+            engine="sim" if engine == "sglang" else engine,
+        )  # fmt: skip
+    finally:
+        if building.live.is_started:
+            building.stop()
     if engine == "sglang-cpu":
         from topas_bench.runners.sglang_cpu.engine import check_plan
 
@@ -361,6 +391,7 @@ def workloads_export(
     from topas_bench.workloads.trace import dump_workload
 
     params = parse_assignments(workload_param or [], "--workload-param")
+    check_writable_file(output)
     n = tasks if tasks is not None else run_defaults(name, params)[0]
     w = generate(name, num_tasks=n, rate_per_s=rate, seed=seed, **params)
     dump_workload(w, output)

@@ -50,6 +50,9 @@ class _Bar(SweepProgress):
     def advance(self, name: str, label: str) -> None:
         self._p.update(self._bars[name], advance=1, last=label)
 
+    def note(self, text: str) -> None:
+        self._p.console.print(text, markup=False)
+
 
 @handles_errors
 def sweep(
@@ -108,6 +111,10 @@ def sweep(
     compact: Annotated[
         bool, typer.Option(help="Store tables losslessly smaller (zstd), e.g. to commit them.")
     ] = False,
+    allow_large: Annotated[
+        bool,
+        typer.Option(help="Run even if the estimated memory exceeds half of this machine's RAM."),
+    ] = False,
 ) -> None:
     """Run schedulers x workloads x loads (or rates) x seeds x presets x KV budgets.
 
@@ -152,12 +159,15 @@ def sweep(
         result = run_sweep(
             [s for s, _ in specs], target, jobs=workers, executor=executor,
             address=address, force=force, compact=compact, progress=_Bar(progress),
+            allow_large=allow_large,
         )  # fmt: skip
     ran = len(result.ran) - len(result.failed)
     out.print(
         f"sweep {target}: {result.cells} cells: {ran} ran, {result.skipped} already finished, "
         f"{len(result.failed)} failed"
     )
+    for path, why in result.redone:
+        err.print(f"redone: {path.relative_to(target)}: {why}", markup=False)
     for c in result.failed:
         err.print(f"failed: {c.workload}/{c.scheduler} seed {c.seed}: {c.error}", markup=False)
     if result.failed:
@@ -184,14 +194,47 @@ def _by_name(items: list[str] | None, flag: str) -> dict[str, dict[str, Any]] | 
     return grouped
 
 
-def _load(results: Path, slo: str = "2x") -> Any:
-    from topas_bench.analysis.collect import collect
+SkipBad = Annotated[
+    bool,
+    typer.Option(
+        "--skip-bad", help="Leave out unreadable, partial or corrupt runs (listed) and go on."
+    ),
+]
+AllowMixed = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mixed-revisions",
+        help="Report runs written by different code revisions (or results formats) together.",
+    ),
+]
+
+
+def _collect(results: Path, slo: str, skip_bad: bool, allow_mixed: bool) -> Any:
+    """Collect a results tree. A bad run (unreadable, partial, corrupt) is an error naming it,
+    after listing every one, unless `skip_bad`; so are runs of several code versions, unless
+    `allow_mixed`."""
+    from topas_bench.analysis.collect import check_revisions, collect
     from topas_bench.analysis.metrics import Slo
-    from topas_bench.analysis.report import build_report
 
     coll = collect(results, Slo.parse(slo))
     for p in coll.problems:
-        err.print(f"left out: {p}", markup=False)
+        err.print(f"{'left out' if skip_bad else 'bad run'}: {p}", markup=False)
+    if coll.problems and not skip_bad:
+        n = len(coll.problems)
+        raise TopasError(
+            f"{results}: {n} bad run{'s' * (n != 1)} (first: {coll.problems[0]}); "
+            "`topas-bench sweep` with the same settings redoes them, or pass --skip-bad "
+            "to leave them out"
+        )
+    if not allow_mixed:
+        check_revisions(coll)
+    return coll
+
+
+def _load(results: Path, slo: str = "2x", skip_bad: bool = False, allow_mixed: bool = False) -> Any:
+    from topas_bench.analysis.report import build_report
+
+    coll = _collect(results, slo, skip_bad, allow_mixed)
     return coll, build_report(coll)
 
 
@@ -205,11 +248,15 @@ def report(
     slo: Annotated[
         str, typer.Option(help="Goodput's SLO: Nx (N x each task's unloaded JCT) or Ns.")
     ] = "2x",
+    skip_bad: SkipBad = False,
+    allow_mixed_revisions: AllowMixed = False,
 ) -> None:
     """Summarise a results tree: JCT (mean/p50/p90/p99 with 95% bootstrap intervals over
     seeds), reduction vs the best baseline, goodput under an SLO, request-level TTFT, TPOT,
     ITL, queueing and latency, per-stage latency, throughput, prefix hits, preemptions,
-    decision overhead; as Markdown and CSV. Unreadable or partial runs are listed and left out.
+    decision overhead; as Markdown and CSV. Unreadable, partial or corrupt runs are listed and
+    the report refuses to go on (exit 2) unless --skip-bad; so do runs of several code
+    revisions unless --allow-mixed-revisions.
 
     Examples:
       topas-bench report runs/s1
@@ -217,8 +264,9 @@ def report(
     """
     from topas_bench.analysis.render import to_markdown, write_report
 
-    _, rep = _load(results, slo)
-    files = write_report(rep, check_out_dir(out_dir or results))
+    target = check_out_dir(out_dir or results)
+    _, rep = _load(results, slo, skip_bad, allow_mixed_revisions)
+    files = write_report(rep, target)
     if not quiet:
         out.print(to_markdown(rep), markup=False)
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
@@ -232,6 +280,8 @@ def figures(
         typer.Option("--out", "-o", help="Figure directory (default: RESULTS/figures)."),
     ] = None,
     slo: Annotated[str, typer.Option(help="Goodput's SLO: Nx unloaded JCT, or Ns.")] = "2x",
+    skip_bad: SkipBad = False,
+    allow_mixed_revisions: AllowMixed = False,
 ) -> None:
     """Draw JCT CDFs, mean/p99 bars, JCT against load, a prefix-residency and KV timeline, and
     ablation bars (PNG and SVG).
@@ -240,8 +290,9 @@ def figures(
     """
     from topas_bench.analysis.figures import write_figures
 
-    coll, rep = _load(results, slo)
-    files = write_figures(coll, rep, check_out_dir(out_dir or results / "figures"))
+    target = check_out_dir(out_dir or results / "figures")
+    coll, rep = _load(results, slo, skip_bad, allow_mixed_revisions)
+    files = write_figures(coll, rep, target)
     out.print(f"wrote {len(files)} files to {out_dir or results / 'figures'}", markup=False)
 
 
@@ -261,6 +312,8 @@ def compare(
         typer.Option(help="Compare the rows both trees have, even if NEW lacks some."),
     ] = False,
     slo: Annotated[str, typer.Option(help="Goodput's SLO: Nx unloaded JCT, or Ns.")] = "2x",
+    skip_bad: SkipBad = False,
+    allow_mixed_revisions: AllowMixed = False,
 ) -> None:
     """Compare NEW with REFERENCE per group and scheduler (mean and p99 JCT, goodput, p99 TTFT;
     TOPAS's reductions vs the best baseline) and print what moved.
@@ -275,19 +328,12 @@ def compare(
       topas-bench compare runs/nightly results/reference
       topas-bench compare runs/s1 results/reference --tolerance 0.05 --allow-missing
     """
-    from topas_bench.analysis.collect import collect
     from topas_bench.analysis.compare import Tolerance, on_common_seeds
     from topas_bench.analysis.compare import compare as compare_reports
-    from topas_bench.analysis.metrics import Slo
     from topas_bench.analysis.report import build_report
 
     tol = Tolerance.parse(tolerance)
-    colls = []
-    for tree in (new, reference):
-        coll = collect(tree, Slo.parse(slo))
-        for p in coll.problems:
-            err.print(f"left out of {tree}: {p}", markup=False)
-        colls.append(coll)
+    colls = [_collect(tree, slo, skip_bad, allow_mixed_revisions) for tree in (new, reference)]
     new_coll, ref_coll, seed_notes = on_common_seeds(*colls)
     result = compare_reports(build_report(new_coll), build_report(ref_coll), tol)
     result.notes[:0] = seed_notes

@@ -1,5 +1,5 @@
 """What every `topas-bench` command shares: the two consoles, error handling (one line on
-stderr and exit code 2), output-directory checks and `key=value` parsing.
+stderr and exit code 2; 70 for a bug), output-path checks and `key=value` parsing.
 
 The command modules (`cli`, `cli_analysis`, `recorder.cli`, `runners.sglang.cli`) import this
 module and never each other, so the command line has no import cycle.
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+import click
 import typer
 from rich.console import Console
 
@@ -29,8 +32,15 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+#: Exit code of an unexpected exception (a bug), as sysexits' EX_SOFTWARE; bad input is 2.
+INTERNAL_ERROR = 70
+DEBUG_ENV = "TOPAS_BENCH_DEBUG"
+
+
 def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn library errors into one clear line and exit code 2 (a trace: every problem)."""
+    """Turn library errors into one clear line and exit code 2 (a trace: every problem). An
+    unexpected exception is a bug: one line naming it and exit code 70, never a traceback
+    (unless $TOPAS_BENCH_DEBUG is set)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -50,19 +60,58 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except KeyboardInterrupt:
             err.print("interrupted: finished runs are kept; run again to resume", markup=False)
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.Abort, click.ClickException):
+            raise  # the command's own exit code, or a usage error
+        except Exception as e:  # a bug of ours: one line, a distinct exit code, no traceback
+            if os.environ.get(DEBUG_ENV):
+                raise
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            err.print(
+                f"internal error: {type(e).__name__}: {e} ({Path(frame.filename).name}:"
+                f"{frame.lineno}); please report it; {DEBUG_ENV}=1 shows the traceback",
+                markup=False,
+            )
+            raise typer.Exit(INTERNAL_ERROR) from None
 
     return wrapper
 
 
 def check_out_dir(path: Path, flag: str = "--out") -> Path:
-    """Fail before anything runs when `path` cannot become a directory (it or an ancestor is a
-    file)."""
+    """Fail before anything runs when `path` could not become a directory this process writes
+    to: it or an ancestor is a file, or the nearest existing one takes no new files. Creates
+    nothing that stays (a probe file comes and goes)."""
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():
                 raise TopasError(f"{flag} {path}: {p} is not a directory")
+            if problem := _unwritable(p):
+                raise TopasError(f"{flag} {path}: cannot write in {p} ({problem})")
             break
     return path
+
+
+def check_writable_file(path: Path) -> Path:
+    """Fail before anything runs when the file `path` could not be written: its directory is
+    missing or takes no new files, or `path` is a directory."""
+    if path.is_dir():
+        raise TopasError(f"cannot write {path}: it is a directory")
+    if not path.parent.is_dir():
+        raise TopasError(f"cannot write {path}: {path.parent} is not a directory")
+    if problem := _unwritable(path.parent):
+        raise TopasError(f"cannot write {path}: {path.parent} takes no new files ({problem})")
+    return path
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why no file can be made in `directory`, or None. Tried, not inferred from permission
+    bits, which do not say it all (root, a read-only mount, a full disk)."""
+    probe = directory / f".topas-bench-write-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
@@ -74,7 +123,7 @@ def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
             raise TopasError(f"{flag} expects key=value, got {item!r}")
         try:
             result[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON (or beyond what json reads): a string
             result[key.strip()] = raw
     return result
 

@@ -78,7 +78,10 @@ def plan_run(
     workload_params: Mapping[str, Any] | None = None,
     scheduler_params: Mapping[str, Mapping[str, Any]] | None = None,
     engine: str = "sim",
+    before_generate: Callable[[float], None] | None = None,
 ) -> RunPlan:
+    """`before_generate(rate_per_s)`, when given, is called once the inputs are checked and
+    just before the workload is sampled (`topas-bench run` estimates the run's size there)."""
     ENGINES.get(engine)  # an unknown engine: raises with the known names
     workload, wparams = resolve(workload, workload_params)  # a trace file: the `trace` workload
     pre = load_preset(preset)
@@ -103,14 +106,6 @@ def plan_run(
         rate = load * capacity
     else:
         rate = rate_per_s if rate_per_s is not None else run_defaults(workload, wparams)[1]
-    w = generate(workload, num_tasks=num_tasks, rate_per_s=rate, seed=seed, **wparams)
-    check_fits(w, budget, sim.context_length)
-    problems = validate(w, kv_budget_tokens=budget)
-    if problems:
-        p = problems[0]
-        raise TopasError(
-            f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}"
-        )
     sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
     for name in sparams:
         if name not in schedulers:
@@ -121,6 +116,16 @@ def plan_run(
             )
     for name in schedulers:
         make_policy(name, **sparams.get(name, {}))  # reject bad parameters before running
+    if before_generate is not None:
+        before_generate(rate)
+    w = generate(workload, num_tasks=num_tasks, rate_per_s=rate, seed=seed, **wparams)
+    check_fits(w, budget, sim.context_length)
+    problems = validate(w, kv_budget_tokens=budget)
+    if problems:
+        p = problems[0]
+        raise TopasError(
+            f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}"
+        )
     return RunPlan(
         workload=w, workload_name=workload, workload_params=wparams, schedulers=tuple(schedulers),
         scheduler_params=sparams, num_tasks=num_tasks, seed=seed, rate_per_s=rate, load=load,

@@ -1,10 +1,14 @@
 """Read a results tree into one row per run (STYLE 8: analysis only reads files).
 
 A run directory is taken only when it is whole: `run.json` readable with an identity that
-matches the directory's name, every table present and readable, and one task row per task of
-the identity. Anything else is reported as a problem and left out, never mixed in. Runs of one
-group (same identity but scheduler) and seed must share the workload sample
-(`workload_digest`); when they do not, the tree is an error, not a comparison.
+matches the directory's name, every table present and readable with the row count run.json
+records (`results.check_cell`), and one task row per task of the identity. Anything else is
+reported as a problem and left out, never mixed in (the CLI refuses to report a tree with
+problems unless told to skip them). Directories whose names start with a dot (cells being
+written, `results.write_run`) are not results and are not looked at. Runs of one group (same
+identity but scheduler) and seed must share the workload sample (`workload_digest`); when they
+do not, the tree is an error, not a comparison. `check_revisions` tells whether the runs come
+from one code revision and results format.
 
 Metrics are recomputed from the files with the `METRICS` table (`summarize`), the same
 functions `run` uses, under the SLO the caller gives (goodput); `run.json` contributes its
@@ -23,7 +27,14 @@ import pandas as pd
 
 from topas_bench.analysis.metrics import RunTables, Slo, stage_summary, summarize
 from topas_bench.errors import TopasError
-from topas_bench.results import TABLES, RunIdentity, read_meta, read_table
+from topas_bench.results import (
+    TABLES,
+    RunIdentity,
+    check_cell,
+    is_hidden,
+    read_meta,
+    read_table,
+)
 
 #: Identity fields that vary within a group, i.e. are not part of the group key.
 WITHIN_GROUP = ("scheduler", "scheduler_params", "seed")
@@ -80,7 +91,13 @@ def _rel(path: Path, root: Path) -> str:
 def _run_dirs(root: Path) -> list[Path]:
     """Directories that hold any run file: finished or not, so partial ones are reported."""
     names = {"run.json", *(f"{t}.parquet" for t in TABLES)}
-    return sorted({p.parent for p in root.rglob("*") if p.name in names and p.is_file()})
+    return sorted(
+        {
+            p.parent
+            for p in root.rglob("*")
+            if p.name in names and not is_hidden(p, root) and p.is_file()
+        }
+    )
 
 
 def _read_run(
@@ -96,13 +113,11 @@ def _read_run(
         raise TopasError(f"run.json has a malformed identity ({e})") from None
     if run_dir.parts[-3:] != expected.parts:
         raise TopasError(f"directory does not match its identity (expected {expected})")
-    for name in TABLES:
-        if not (run_dir / f"{name}.parquet").is_file():
-            raise TopasError(f"partial run: {name}.parquet is missing")
+    if (problem := check_cell(run_dir)) is not None:
+        raise TopasError(problem)
     tasks = read_table(run_dir, "tasks")
     decisions = read_table(run_dir, "decisions")
     requests = read_table(run_dir, "requests")
-    _check_parquet(run_dir / "timeline.parquet")
     if len(tasks) != ident.num_tasks or "jct_s" not in tasks:
         raise TopasError(f"partial run: {len(tasks)} of {ident.num_tasks} tasks recorded")
     digest = meta.get("workload_digest")
@@ -112,15 +127,6 @@ def _read_run(
     metrics = summarize(RunTables(tasks, requests, decisions, counters, slo))
     jct = tasks["jct_s"].to_numpy(dtype=float)
     return _row(ident, meta, digest) | metrics, jct, stage_summary(requests)
-
-
-def _check_parquet(path: Path) -> None:
-    import pyarrow.parquet as pq
-
-    try:
-        pq.read_metadata(path)
-    except (OSError, ValueError) as e:
-        raise TopasError(f"{path.name}: unreadable table ({e})") from None
 
 
 def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any]:
@@ -140,6 +146,7 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
         "scheduler_name": ident.scheduler,
         "seed": ident.seed,
         "workload_digest": digest,
+        "code": code_version(meta),
     }
 
 
@@ -147,6 +154,31 @@ def workload_label(ident: RunIdentity) -> str:
     """The workload's name; a trace file (the `trace` workload) by its file name."""
     file = ident.workload_params.get("file") if ident.workload == "trace" else None
     return Path(str(file)).name if file else ident.workload
+
+
+def code_version(meta: dict[str, Any]) -> str:
+    """The code that wrote a run: its git revision and results format (`results_format` 1
+    when absent: cells written before it was recorded)."""
+    return (
+        f"{meta.get('git_revision') or 'unknown revision'}, format {meta.get('results_format', 1)}"
+    )
+
+
+def check_revisions(coll: Collection) -> None:
+    """`TopasError` when the runs come from more than one code version (`code_version`): a
+    report of them would compare results of different code as if they were one experiment."""
+    runs = coll.runs
+    versions = runs.groupby("code", sort=True)["path"].agg(["count", "first"])
+    if len(versions) <= 1:
+        return
+    seen = "; ".join(
+        f"{code}: {n} run{'s' * (n != 1)}, e.g. {_rel(Path(first), coll.root)}"
+        for code, (n, first) in versions.iterrows()
+    )
+    raise TopasError(
+        f"{coll.root}: runs from {len(versions)} code versions ({seen}); rerun the stale ones "
+        "(or report on a fresh --out), or pass --allow-mixed-revisions"
+    )
 
 
 def scheduler_label(name: str, params: dict[str, Any]) -> str:

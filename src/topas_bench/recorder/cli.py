@@ -10,6 +10,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from topas_bench.cli_common import handles_errors, out
 from topas_bench.workloads.model import Workload
@@ -25,10 +33,41 @@ def _default_out(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".jsonl") + ".workload.jsonl")
 
 
-def _write(w: Workload, output: Path) -> None:
+class _Bars:
+    """A rich bar per import phase (read, convert, replicate, check, write), on stderr."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._p = progress
+        self._bars: dict[str, TaskID] = {}
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase not in self._bars:
+            self._bars[phase] = self._p.add_task(phase, total=total)
+        self._p.update(self._bars[phase], completed=done, total=total)
+
+
+def _bars() -> Progress:
+    from topas_bench.cli_common import err
+
+    return Progress(
+        TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
+    )  # fmt: skip
+
+
+def _write(w: Workload, output: Path, bars: _Bars | None = None) -> None:
     from topas_bench.workloads.trace import dump_workload
 
-    dump_workload(w, output)
+    if bars is not None:
+        bars("write", 0, 1)
+    dump_workload(w, output)  # atomic: a temporary file renamed into place
+    if bars is not None:
+        bars("write", 1, 1)
+
+
+def _wrote(w: Workload, output: Path) -> None:
+    from topas_bench.cli_common import out
+
     calls = sum(len(t.stages) for t in w.tasks)
     prefixes = ", ".join(f"{a.name} {a.prefix_tokens}" for a in w.agents)
     out.print(
@@ -74,13 +113,19 @@ def trace_import(
       topas-bench trace import sop-2048-offline.jsonl
       topas-bench trace import tl-2048-offline.jsonl -n 50 --rate 0.002 -o tl50.jsonl
     """
+    from topas_bench.cli_common import check_writable_file
     from topas_bench.workloads.metagpt_import import import_trace
 
-    w = import_trace(
-        file, num_tasks=tasks, rate_per_s=rate, seed=seed, prefix_mode=prefix_mode, name=name,
-        kv_budget_tokens=kv_budget,
-    )  # fmt: skip
-    _write(w, output or _default_out(file))
+    target = output or _default_out(file)
+    check_writable_file(target)
+    with _bars() as progress:
+        bars = _Bars(progress)
+        w = import_trace(
+            file, num_tasks=tasks, rate_per_s=rate, seed=seed, prefix_mode=prefix_mode,
+            name=name, kv_budget_tokens=kv_budget, progress=bars,
+        )  # fmt: skip
+        _write(w, target, bars)
+    _wrote(w, target)
 
 
 @trace_app.command("record")
@@ -131,4 +176,6 @@ def trace_record(
         venv=metagpt_venv, timeout_s=timeout,
     )  # fmt: skip
     out.print(f"recorded {rec.calls} calls into {rec.out} (MetaGPT log: {rec.log})")
-    _write(import_trace(rec.out), workload_output or _default_out(rec.out))
+    w = import_trace(rec.out)
+    _write(w, workload_output or _default_out(rec.out))
+    _wrote(w, workload_output or _default_out(rec.out))

@@ -1,9 +1,11 @@
 """Run a sweep: plan every group in this process, run its cells on an executor, resumably.
 
 A cell is (group, scheduler). Its directory derives from its identity (`RunIdentity.run_dir`),
-so a finished cell (one with `run.json`, written last and atomically) is skipped unless
-`force`, and a killed sweep resumes with nothing lost or duplicated: an unfinished cell's
-directory has no `run.json` and is simply run again.
+so a finished cell is skipped unless `force`, and a killed sweep resumes with nothing lost or
+duplicated: cells are written whole or not at all (`results.write_run`), so an unfinished one
+is simply run again. Every stored cell is verified before it is skipped (`results.check_cell`:
+files readable, row counts as run.json records, the same workload sample); a corrupt or stale
+one is run again and reported in `SweepResult.redone`.
 
 Every group is planned here, once (`plan_run`): the workload is sampled once, and its canonical
 trace text travels to the worker with each cell (never a pickle), so every scheduler of a group
@@ -32,7 +34,7 @@ from topas_bench.experiment import (
     trace_digest,
     workload_digest,
 )
-from topas_bench.results import TABLES, reusable
+from topas_bench.results import TABLES, check_cell, is_finished
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import Group, SweepSpec
@@ -93,6 +95,8 @@ class SweepResult:
     cells: int = 0
     skipped: int = 0
     ran: list[CellOutcome] = field(default_factory=list)
+    #: stored cells that failed verification and were run again: (directory, why)
+    redone: list[tuple[Path, str]] = field(default_factory=list)
 
     @property
     def failed(self) -> list[CellOutcome]:
@@ -107,6 +111,9 @@ class Progress:
 
     def advance(self, name: str, label: str) -> None:
         pass
+
+    def note(self, text: str) -> None:
+        """A line for the user (the size estimate of a large sweep)."""
 
 
 def run_cell_job(job: CellJob) -> CellOutcome:
@@ -161,9 +168,12 @@ def run_sweep(
     force: bool = False,
     compact: bool = False,
     progress: Progress | None = None,
+    allow_large: bool = False,
 ) -> SweepResult:
     """Run every cell of `specs` that has no finished result under `out` (all with `force`);
-    `compact` stores the tables smaller (`compact_tables`)."""
+    `compact` stores the tables smaller (`compact_tables`). A large sweep's memory and time
+    are estimated before its workloads are sampled (`_check_size`); one too large for this
+    machine is refused unless `allow_large`."""
     progress = progress or Progress()
     _check_names(specs)
     if address is not None and executor != "ray":
@@ -171,6 +181,7 @@ def run_sweep(
     ex = make_executor(executor, jobs, address)
     try:
         caps = _capacities(specs, out, ex, force, progress)
+        _check_size(specs, caps, jobs if executor == "local" else 1, allow_large, progress)
         plans = _plans(specs, out, caps)
         result = SweepResult(out)
         todo: list[CellJob] = []
@@ -180,9 +191,14 @@ def run_sweep(
             if id(plan) not in traces:
                 trace = dumps_workload(plan.workload)
                 traces[id(plan)] = (trace, trace_digest(trace))
-            if not force and reusable(plan.identity(scheduler).run_dir(out), traces[id(plan)][1]):
-                result.skipped += 1
-                continue
+            run_dir = plan.identity(scheduler).run_dir(out)
+            if not force:
+                problem = check_cell(run_dir, traces[id(plan)][1])
+                if problem is None:
+                    result.skipped += 1
+                    continue
+                if is_finished(run_dir):
+                    result.redone.append((run_dir, problem))
             todo.append(_job(plan, scheduler, force, compact, *traces[id(plan)]))
         progress.phase("cells", len(todo))
         for outcome in ex.imap_unordered(run_cell_job, todo):
@@ -205,6 +221,60 @@ def _check_names(specs: Sequence[SweepSpec]) -> None:
             load_preset(p)
         for s in spec.schedulers:
             make_policy(s, **spec.scheduler_params.get(s, {}))
+
+
+def _check_size(
+    specs: Sequence[SweepSpec],
+    caps: Mapping[CapacityKey, float],
+    jobs: int,
+    allow_large: bool,
+    progress: Progress,
+) -> None:
+    """Estimate the sweep's memory and time (`sizing.estimate_sweep`) when one of its runs has
+    more than `ESTIMATE_ABOVE_TASKS` tasks or all together twenty times that; refuse past half
+    of this machine's RAM unless `allow_large`. Every workload setting is probed once."""
+    from topas_bench.sizing import (
+        ESTIMATE_ABOVE_TASKS,
+        PROBE_TASKS,
+        Probe,
+        check,
+        estimate_sweep,
+        memory_limit_bytes,
+        probe,
+    )
+
+    groups = [(spec, g) for spec in specs for g in spec.groups()]
+
+    def tasks(spec: SweepSpec, g: Group) -> int:
+        params = spec.workload_params.get(g.workload, {})
+        return spec.num_tasks or run_defaults(g.workload, params)[0]
+
+    sizes = [tasks(spec, g) for spec, g in groups]
+    if max(sizes) <= ESTIMATE_ABOVE_TASKS and sum(sizes) <= 20 * ESTIMATE_ABOVE_TASKS:
+        return
+    progress.note(
+        f"{len(groups):,} runs of up to {max(sizes):,} tasks: estimating the sweep's size from "
+        f"{PROBE_TASKS}-task probes"
+    )
+    limit = memory_limit_bytes()
+    for with_schedulers in (False, True):  # the workloads alone first: cheap, maybe enough
+        probes: dict[tuple[CapacityKey, tuple[str, ...]], Probe] = {}
+        sized = []
+        for spec, g in groups:
+            cap = caps.get(_cap_key(spec, g))
+            rate = g.load * cap if g.load is not None and cap is not None else g.rate_per_s
+            names = spec.schedulers if with_schedulers else ()
+            key = (_cap_key(spec, g), names)
+            if key not in probes:
+                probes[key] = probe(
+                    g.workload, spec.workload_params.get(g.workload, {}), rate, g.seed, names,
+                    g.preset, g.kv_budget_tokens, spec.scheduler_params,
+                )  # fmt: skip
+            sized.append((probes[key], tasks(spec, g)))
+        est = estimate_sweep(sized, jobs)
+        if with_schedulers:
+            progress.note(est.describe())
+        check(est, limit_bytes=limit, forced=allow_large, what="sweep")
 
 
 def _budget(group: Group) -> int:
@@ -252,7 +322,7 @@ def _read_capacities(path: Path) -> dict[CapacityKey, float]:
              int(r["kv_budget_tokens"])): float(r["capacity_tps"])
             for r in rows
         }  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise TopasError(
             f"{path}: unreadable capacity cache ({e}); delete it or use --force"
         ) from None

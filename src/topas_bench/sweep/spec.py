@@ -123,6 +123,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise TopasError(f"{path}: cannot read sweep file: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise TopasError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise TopasError(f"{path}: invalid TOML: nested too deeply") from None
 
 
 def load_specs(

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.trace import TraceError, TraceProblem
+from topas_bench.workloads.trace import TraceError, TraceProblem, _json_error
 
 _INTS = ("id", "system_tokens", "rest_tokens", "n_messages", "completion_tokens")
 _LCP = "lcp_tokens_with_prev_call_of_same_role"
@@ -42,27 +43,41 @@ class Call:
         return self.system_tokens + self.rest_tokens
 
 
-def load_calls(path: str | os.PathLike[str]) -> list[Call]:
+#: `progress(phase, done, total)`: how far a long import is (`trace import` draws a bar from it).
+Progress = Callable[[str, int, int], None]
+
+#: Report progress every this many lines or calls (and at the end of a phase).
+TICK = 2048
+
+
+def load_calls(path: str | os.PathLike[str], progress: Progress | None = None) -> list[Call]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise TraceError(str(path), [TraceProblem(None, "file", f"not UTF-8 text: {e}")]) from e
     except OSError as e:
         raise TopasError(f"{path}: cannot read call trace: {e.strerror or e}") from e
-    return parse_calls(text, source=str(path))
+    return parse_calls(text, source=str(path), progress=progress)
 
 
-def parse_calls(text: str, *, source: str = "<string>") -> list[Call]:
+def parse_calls(
+    text: str, *, source: str = "<string>", progress: Progress | None = None
+) -> list[Call]:
     """Parse and check a recorded call trace; raises `TraceError` listing every problem."""
     problems: list[TraceProblem] = []
     calls: list[Call] = []
-    seen: dict[int, int] = {}  # id -> line
-    for n, line in enumerate(text.split("\n"), start=1):
+    seen = _Seen()
+    lines = text.split("\n")
+    for n, line in enumerate(lines, start=1):
+        if progress is not None and n % TICK == 0:
+            progress("read", n, len(lines))
         if not line.strip():
             continue
         found = _call(n, line, seen, problems)
         if found is not None:
             calls.append(found)
+    if progress is not None:
+        progress("read", len(lines), len(lines))
     if not calls and not problems:
         problems.append(TraceProblem(1, "file", "no calls: expected one JSON object per line"))
     if problems:
@@ -70,7 +85,15 @@ def parse_calls(text: str, *, source: str = "<string>") -> list[Call]:
     return calls
 
 
-def _call(n: int, line: str, seen: dict[int, int], problems: list[TraceProblem]) -> Call | None:
+@dataclass
+class _Seen:
+    """Call ids read so far: id -> line, and the highest (ids must increase)."""
+
+    lines: dict[int, int] = field(default_factory=dict)
+    top: int = -1
+
+
+def _call(n: int, line: str, seen: _Seen, problems: list[TraceProblem]) -> Call | None:
     def bad(field: str, message: str) -> None:
         problems.append(TraceProblem(n, field, message))
 
@@ -78,6 +101,9 @@ def _call(n: int, line: str, seen: dict[int, int], problems: list[TraceProblem])
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         bad("call", f"invalid JSON: {e.msg} (column {e.colno})")
+        return None
+    except (ValueError, RecursionError) as e:  # a 5,000-digit integer; nesting too deep
+        bad("call", f"invalid JSON: {_json_error(e)}")
         return None
     if not isinstance(obj, dict):
         bad("call", f"expected a JSON object, got {type(obj).__name__}")
@@ -107,11 +133,12 @@ def _call(n: int, line: str, seen: dict[int, int], problems: list[TraceProblem])
     ill_typed = len(problems) > before
     cid: Any = obj.get("id")
     if _is_int(cid) and cid >= 0:
-        if cid in seen:
-            bad("id", f"duplicate call id {cid} (first on line {seen[cid]})")
-        elif seen and cid < max(seen):
-            bad("id", f"call ids must increase in call order: {cid} after {max(seen)}")
-        seen.setdefault(cid, n)  # known from here on, so that dependents do not cascade
+        if cid in seen.lines:
+            bad("id", f"duplicate call id {cid} (first on line {seen.lines[cid]})")
+        elif cid < seen.top:
+            bad("id", f"call ids must increase in call order: {cid} after {seen.top}")
+        seen.lines.setdefault(cid, n)  # known from here on, so that dependents do not cascade
+        seen.top = max(seen.top, cid)
     if ill_typed:
         return None
     if obj["t_end"] < obj["t_start"]:
@@ -121,7 +148,7 @@ def _call(n: int, line: str, seen: dict[int, int], problems: list[TraceProblem])
     for k, d in enumerate(deps):
         if not _is_int(d):
             bad(f"depends_on[{k}]", f"expected a call id, got {d!r}")
-        elif d not in seen or d >= cid:
+        elif d not in seen.lines or d >= cid:
             bad(f"depends_on[{k}]", f"{d} is not an earlier call")
     if len(problems) > before:
         return None

@@ -184,6 +184,9 @@ class _Parser:
         except json.JSONDecodeError as e:
             self.problems.append(TraceProblem(n, what, f"invalid JSON: {e.msg} (column {e.colno})"))
             return None
+        except (ValueError, RecursionError) as e:  # a 5,000-digit integer; nesting too deep
+            self.problems.append(TraceProblem(n, what, f"invalid JSON: {_json_error(e)}"))
+            return None
         if isinstance(obj, dict):
             return obj
         self.problems.append(TraceProblem(n, what, _bad("a JSON object", obj)))
@@ -453,6 +456,8 @@ class _Checker:
         for cycle in _cycles(deps) if backward else ():  # else declaration order is topological
             i = min(range(len(cycle)), key=lambda j: ids[cycle[j]])
             cycle = cycle[i:] + cycle[:i] + [cycle[i]]
+            if len(cycle) > 12:  # one readable line, however long the cycle
+                cycle = [*cycle[:5], f"... ({len(cycle) - 1} stages in all) ...", *cycle[-3:]]
             self.emit(ti, ids[cycle[0]], "deps", "dependency cycle: " + " needs ".join(cycle))
         if _bad_name(t.id):
             return
@@ -461,10 +466,10 @@ class _Checker:
             outputs[output_key(t.id, sid)] = sid
             if _bad_count(stages[si].output_tokens) is None:
                 self.note(output_key(t.id, sid), stages[si].output_tokens, ti, si, "output_tokens")
+        order = None if backward else ids  # declaration order is topological: prunes searches
         for si, s in enumerate(stages):
             if not isinstance(s, Stage):
                 continue
-            ancestors: set[str] = set()  # computed on first use
             for k, g in enumerate(_items(s.prompt, _ignore)):
                 if not isinstance(g, Segment) or _bad_name(g.key) or _bad_count(g.tokens):
                     continue
@@ -474,37 +479,80 @@ class _Checker:
                     continue
                 if producer == s.id:
                     self.emit(ti, si, f"prompt[{k}]", f"{g.key!r} is this stage's own output")
-                elif producer not in (ancestors := ancestors or _ancestors(s.id, deps)):
+                elif not _is_ancestor(producer, s.id, deps, order):
                     message = f"{g.key!r} is the output of stage {producer!r}, not an ancestor"
                     self.emit(ti, si, f"prompt[{k}]", message)
 
 
 def _cycles(deps: dict[str, list[str]]) -> list[list[str]]:
-    """Dependency cycles (each as ``[a, b, ...]``: a needs b needs ... needs a), deterministic."""
-    left, cycles = dict(deps), list[list[str]]()
-    while True:
-        while free := [n for n, ds in left.items() if not any(d in left for d in ds)]:
-            for n in free:
-                del left[n]
-        if not left:
-            return cycles
-        path, n = [], next(iter(left))  # every node left needs another node left
-        while n not in path:
-            path.append(n)
-            n = next(d for d in left[n] if d in left)
-        cycles.append(path[path.index(n) :])
-        for n in cycles[-1]:
+    """Dependency cycles (each as ``[a, b, ...]``: a needs b needs ... needs a), deterministic.
+    Linear in the graph: stages that need nothing left are peeled off (Kahn) as they free up;
+    every stage left needs another one left, so following needs from one finds a cycle."""
+    left = {n: sum(d in deps for d in ds) for n, ds in deps.items()}  # needs still left
+    needed_by: dict[str, list[str]] = {n: [] for n in deps}
+    for n, ds in deps.items():
+        for d in ds:
+            if d in needed_by:
+                needed_by[d].append(n)
+
+    def peel(todo: list[str]) -> None:
+        while todo:
+            n = todo.pop()
             del left[n]
+            for m in needed_by[n]:
+                if m in left:
+                    left[m] -= 1
+                    if left[m] == 0:
+                        todo.append(m)
+
+    peel([n for n, k in left.items() if k == 0])
+    cycles: list[list[str]] = []
+    while left:
+        path: list[str] = []
+        on_path: set[str] = set()
+        n = next(iter(left))
+        while n not in on_path:
+            path.append(n)
+            on_path.add(n)
+            n = next(d for d in deps[n] if d in left)
+        cycles.append(path[path.index(n) :])
+        freed = []
+        for c in cycles[-1]:
+            left[c] = 0
+        for c in cycles[-1]:
+            for m in needed_by[c]:
+                if m in left and left[m] > 0:
+                    left[m] -= 1
+                    if left[m] == 0:
+                        freed.append(m)
+        for c in cycles[-1]:
+            del left[c]
+            needed_by[c] = []
+        peel(freed)
+    return cycles
 
 
-def _ancestors(sid: str, deps: dict[str, list[str]]) -> set[str]:
-    seen: set[str] = set()
-    todo = list(deps[sid])
+def _is_ancestor(
+    target: str, sid: str, deps: dict[str, list[str]], order: dict[str, int] | None
+) -> bool:
+    """Whether `sid` (transitively) needs `target`: a search up from `sid` that stops when it
+    finds it and, given a topological `order`, never climbs above `target`'s position (a
+    stage's ancestors all come before it). The common case, a direct dependency, is O(1)."""
+    if target in deps[sid]:
+        return True
+    floor = order[target] if order is not None else -1
+    if order is not None and order[sid] <= floor:
+        return False
+    seen = {sid}
+    todo = [sid]
     while todo:
-        if (d := todo.pop()) not in seen:
-            seen.add(d)
-            todo += deps[d]
-    return seen
+        for d in deps[todo.pop()]:
+            if d == target:
+                return True
+            if d not in seen and (order is None or order[d] > floor):
+                seen.add(d)
+                todo.append(d)
+    return False
 
 
 def _items(v: Any, report: Callable[[str], None]) -> Sequence[Any]:
@@ -516,6 +564,13 @@ def _items(v: Any, report: Callable[[str], None]) -> Sequence[Any]:
 
 def _ignore(message: str) -> None:
     pass
+
+
+def _json_error(e: Exception) -> str:
+    """What `json.loads` failed on beyond syntax, in one short line."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e).split(";")[0]
 
 
 def _is_int(v: Any) -> bool:

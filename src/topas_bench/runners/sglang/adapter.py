@@ -51,6 +51,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore[import-not-found]
 
+from topas_bench.runners.sglang.guard import PolicyGuard
 from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
 from topas_bench.schedulers.base import Decision, Policy, PrefixLocation, PrefixView
 from topas_bench.schedulers.estimator import ServiceEstimator
@@ -77,6 +78,7 @@ class Bridge:
         on_decision: DecisionHook | None = None,
     ) -> None:
         self.policy = policy
+        self.guard = PolicyGuard(logger)  # a failing policy degrades to SGLang's queue order
         self.on_decision = on_decision
         self.tree_cache = tree_cache
         self.allocator = allocator
@@ -115,7 +117,7 @@ class Bridge:
         self.tracker.sync(waiting_queue, running)
         view = SglangView(self, waiting_queue, running)
         t0 = time.perf_counter()
-        decision = self.policy.decide(view) if waiting_queue else Decision()
+        decision = self.guard.decide(self.policy, view) if waiting_queue else Decision()
         wall_s = time.perf_counter() - t0
         self.decision_wall_s += wall_s
         self.decisions += 1
@@ -123,10 +125,11 @@ class Bridge:
             self.on_decision(wall_s, len(waiting_queue), decision)
         if self.decisions % STATUS_EVERY == 0:
             logger.info(
-                "topas: %d decisions, mean %.3f ms; %d live tasks; untagged_requests=%d %s",
+                "topas: %d decisions, mean %.3f ms; %d live tasks; untagged_requests=%d %s; "
+                "policy_failures=%s",
                 self.decisions, 1e3 * self.decision_wall_s / self.decisions,
                 len(self.tracker.tasks), sum(self.tracker.untagged.values()),
-                self.tracker.untagged,
+                self.tracker.untagged, self.guard.failures,
             )  # fmt: skip
         by_id = {r.rid: r for r in waiting_queue}
         first = [

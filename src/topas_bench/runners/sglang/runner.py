@@ -261,7 +261,7 @@ def _load_journal(path: Path) -> dict[str, tuple[list[Any], list[list[Any]]]]:
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue  # a line cut by a crash mid-write
         out[rec["task"][0]] = (rec["task"], rec["requests"])
     return out

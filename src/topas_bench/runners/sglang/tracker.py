@@ -18,7 +18,16 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import Any, Protocol
 
-from topas_bench.runners.sglang.metadata import RequestMeta, StageMeta, decode, independent
+from topas_bench.runners.sglang.metadata import (
+    DEFAULT_LIMITS,
+    Limits,
+    RequestMeta,
+    StageMeta,
+    decode,
+    gc_paused,
+    independent,
+    is_large,
+)
 from topas_bench.schedulers.base import StageState
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import Segment
@@ -113,16 +122,28 @@ class TrackedRequest:
             self.admitted_s = None
 
 
+_BLOCKED, _DELAYED = StageState.BLOCKED, StageState.DELAYED  # (enum lookups, per stage)
+
+
 class TrackedStage:
-    """A stage of a live task (satisfies `StageView`)."""
+    """A stage of a live task (satisfies `StageView`). Its children's ids are worked out on
+    first use: a DAG may have 100,000 stages, most of which no policy ever asks about."""
 
-    __slots__ = ("children", "meta", "request", "state")
+    __slots__ = ("_children", "_dag", "_kids", "meta", "request", "state")
 
-    def __init__(self, meta: StageMeta, children: tuple[str, ...]) -> None:
+    def __init__(self, meta: StageMeta, kids: list[int], dag: Sequence[StageMeta]) -> None:
         self.meta = meta
-        self.children = children
-        self.state = StageState.BLOCKED if meta.deps else StageState.DELAYED
+        self._kids = kids  # indices into `dag`
+        self._dag = dag
+        self._children: tuple[str, ...] | None = None
+        self.state = _BLOCKED if meta.deps else _DELAYED
         self.request: TrackedRequest | None = None
+
+    @property
+    def children(self) -> tuple[str, ...]:
+        if self._children is None:
+            self._children = tuple([self._dag[c].id for c in self._kids])
+        return self._children
 
     @property
     def id(self) -> str:
@@ -152,7 +173,16 @@ class TrackedStage:
 class TrackedTask:
     """A live task (satisfies `TaskView`); its DAG comes from the first request's metadata."""
 
-    __slots__ = ("_stages", "arrival_s", "attained_s", "id", "last_seen_s", "version", "workflow")
+    __slots__ = (
+        "_done",
+        "_stages",
+        "arrival_s",
+        "attained_s",
+        "id",
+        "last_seen_s",
+        "version",
+        "workflow",
+    )
 
     def __init__(self, meta: RequestMeta, arrival_s: float) -> None:
         self.id = meta.task_id
@@ -161,11 +191,10 @@ class TrackedTask:
         self.attained_s = 0.0
         self.version = 0
         self.last_seen_s = arrival_s
-        children: dict[str, list[str]] = {s.id: [] for s in meta.stages}
-        for s in meta.stages:
-            for d in s.deps:
-                children[d].append(s.id)
-        self._stages = {s.id: TrackedStage(s, tuple(children[s.id])) for s in _topo(meta.stages)}
+        dag = meta.stages
+        order, children = _topo(dag)
+        self._stages = {dag[i].id: TrackedStage(dag[i], children[i], dag) for i in order}
+        self._done = 0  # stages in state DONE (`done` in O(1): a DAG may have 100,000 stages)
 
     @property
     def stages(self) -> Mapping[str, TrackedStage]:
@@ -174,6 +203,7 @@ class TrackedTask:
     def set_state(self, stage_id: str, state: StageState) -> None:
         st = self._stages[stage_id]
         if st.state != state:
+            self._done += (state == StageState.DONE) - (st.state == StageState.DONE)
             st.state = state
             self.version += 1
 
@@ -188,24 +218,40 @@ class TrackedTask:
 
     @property
     def done(self) -> bool:
-        return all(s.state == StageState.DONE for s in self._stages.values())
+        return self._done == len(self._stages)
 
 
-def _topo(stages: Sequence[StageMeta]) -> list[StageMeta]:
-    """Stages in dependency order (the metadata parser rejected unknown dependencies); a
-    cycle leaves its stages at the end in declaration order rather than failing."""
-    done: set[str] = set()
-    out: list[StageMeta] = []
-    pending = list(stages)
-    while pending:
-        ready = [s for s in pending if all(d in done for d in s.deps)]
-        if not ready:
-            return out + pending
-        for s in ready:
-            out.append(s)
-            done.add(s.id)
-        pending = [s for s in pending if s.id not in done]
-    return out
+def _topo(stages: Sequence[StageMeta]) -> tuple[list[int], list[list[int]]]:
+    """The stages' indices in dependency order, and each stage's children (indices, in
+    declaration order). Order: by depth (the longest dependency chain above a stage), ties in
+    declaration order. A cycle, or a dependency on a stage that is not there, leaves the
+    stages it blocks at the end in declaration order rather than failing. Linear (Kahn)."""
+    index = {s.id: i for i, s in enumerate(stages)}
+    missing = [len(s.deps) for s in stages]  # dependencies not yet placed, per stage
+    children: list[list[int]] = [[] for _ in stages]
+    for i, s in enumerate(stages):
+        for d in s.deps:
+            j = index.get(d)
+            if j is not None:
+                children[j].append(i)
+    depth = [0] * len(stages)
+    ready = [i for i, n in enumerate(missing) if n == 0]
+    for i in ready:  # `ready` grows while it is walked: a FIFO queue
+        below = depth[i] + 1
+        for c in children[i]:
+            if depth[c] < below:
+                depth[c] = below
+            missing[c] -= 1
+            if missing[c] == 0:
+                ready.append(c)
+    if len(ready) == len(stages):  # a DAG: stable bucket sort by depth, linear
+        buckets: list[list[int]] = [[] for _ in range(max(depth, default=0) + 1)]
+        for i, level in enumerate(depth):
+            buckets[level].append(i)
+        return [i for b in buckets for i in b], children
+    placed = set(ready)
+    order = sorted(ready, key=lambda i: (depth[i], i))
+    return order + [i for i in range(len(stages)) if i not in placed], children
 
 
 class Tracker:
@@ -217,8 +263,10 @@ class Tracker:
         clock: Callable[[], float],
         unix_clock: Callable[[], float],
         idle_ttl_s: float = 3600.0,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.estimator = estimator
+        self.limits = limits
         self.clock = clock
         self._unix_offset = unix_clock() - clock()
         self.idle_ttl_s = idle_ttl_s
@@ -231,15 +279,25 @@ class Tracker:
         self._ids = itertools.count()
 
     def add(self, req: EngineReq) -> TrackedRequest:
-        """A new request entered the server; never raises on bad metadata."""
+        """A new request entered the server. Never raises on bad metadata: anything wrong with
+        it (or any failure while building its task) serves the request as an independent
+        one-stage task and counts the reason in `untagged`."""
         now = self.clock()
-        meta, reason = decode(getattr(req.sampling_params, "custom_params", None))
-        if meta is not None and meta.prefix_tokens > len(req.origin_input_ids):
-            meta, reason = None, "malformed: prefix longer than the prompt"
-        if meta is None:
-            reason = reason or "missing"
-            self.untagged[reason] = self.untagged.get(reason, 0) + 1
-            meta = independent(req.rid, len(req.origin_input_ids))
+        try:
+            custom = getattr(req.sampling_params, "custom_params", None)
+            with gc_paused(is_large(custom)):
+                meta, reason = decode(custom, self.limits)
+                if meta is not None and meta.prefix_tokens > len(req.origin_input_ids):
+                    meta, reason = None, "malformed: prefix longer than the prompt"
+                if meta is not None:
+                    return self._track(req, meta, now)
+        except Exception as e:  # a bug of ours or a request we cannot read: degrade, not crash
+            reason = f"internal: {type(e).__name__} while tracking the request"
+        reason = reason or "missing"
+        self.untagged[reason] = self.untagged.get(reason, 0) + 1
+        return self._track(req, independent(req.rid, len(req.origin_input_ids)), now)
+
+    def _track(self, req: EngineReq, meta: RequestMeta, now: float) -> TrackedRequest:
         task = self.tasks.get(meta.task_id)
         if task is None:
             arrival = meta.arrival_unix_s - self._unix_offset if meta.arrival_unix_s >= 0 else now

@@ -107,7 +107,6 @@ def search(
             return a if a.pack.admits else b
         return b if b.score > a.score + 1e-9 else a
 
-
     def score(keep: frozenset[str]) -> Choice:
         keep = keep - inp.locked_agents
         hit = seen.get(keep)
@@ -142,4 +141,3 @@ def _pick(
 ) -> frozenset[str]:
     bigger = keep | {a}
     return bigger if score(bigger).score > score(keep).score else keep
-
