@@ -69,6 +69,7 @@ class TopasParams:
     starvation_mult: float = 4.0
     move_stall: bool = False
     joint: bool = True
+    density: bool = False
     use_reuse: bool = True
     use_aging: bool = True
 
@@ -88,7 +89,7 @@ class TopasParams:
         require_int(NAME, "scan_limit", self.scan_limit, 1)
         require_int(NAME, "refresh_limit", self.refresh_limit, 1)
         require_number(NAME, "starvation_mult", self.starvation_mult)
-        for flag in ("move_stall", "joint", "use_reuse", "use_aging"):
+        for flag in ("move_stall", "joint", "density", "use_reuse", "use_aging"):
             require_bool(NAME, flag, getattr(self, flag))
 
     def as_dict(self) -> dict[str, Any]:

@@ -146,6 +146,7 @@ class Topas(Policy):
         urgent: list[RequestView] = []
         gains: dict[int, float] = {}
         agent_gain: dict[str, float] = {}
+        density = self.p.density
         for r in view.waiting:
             gain = weight[r.task_id] * paths[r.task_id].delta_share[r.stage_id]
             gains[r.rid] = gain
@@ -153,7 +154,13 @@ class Topas(Policy):
             if now - r.ready_s > limit:
                 urgent.append(r)
                 continue
-            item = (gain, -r.queued_s, -r.rid, r)
+            key = gain
+            if density:  # gain per token of memory it would take
+                pv = prefixes.get(r.agent)
+                paid = pv is not None and pv.where == PrefixLocation.GPU and (pv.locks or pv.kept)
+                extra = 0 if paid or pv is None else pv.tokens
+                key = gain / max(view.admission_need(r) + view.lock_cost(r) + extra, 1)
+            item = (key, -r.queued_s, -r.rid, r)
             if len(heap) < scan:
                 heapq.heappush(heap, item)
             elif item[:3] > heap[0][:3]:
