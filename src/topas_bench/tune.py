@@ -39,10 +39,11 @@ DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "horizon_s": (None, 5.0, 10.0, 30.0),
     "srpt_exponent": (0.0, 0.5, 1.0, 2.0),
     "rho": (0.0, 0.5, 1.0, 2.0),
-    "h_age_s": (120.0, 300.0, 600.0, 1200.0),
+    "h_age_mult": (0.5, 1.0, 2.0, 4.0),
     "max_actions": (2, 4, 8, 16),
     "move_stall": (False, True),
-    "starvation_factor": (0.0, 2.0, 4.0, 8.0),
+    "starvation_mult": (0.0, 2.0, 4.0, 8.0),
+    "density": (False, True),
 }
 STUDY_FILE = "tune.db"
 

@@ -55,12 +55,12 @@ ALIASES = {"K": "max_actions", "M": "max_agents", "H_age": "h_age_s"}
 @dataclass(frozen=True)
 class TopasParams:
     beta: float = 1.0
-    rho: float = 2.0
-    h_age_mult: float = 1.0
+    rho: float = 1.0
+    h_age_mult: float = 2.0
     h_age_s: float | None = None
     srpt_exponent: float = 1.0
     max_agents: int = 8
-    max_actions: int = 4
+    max_actions: int = 8
     horizon_s: float | None = None
     preempt_margin_s: float = 20.0
     max_preemptions: int = 1
@@ -69,7 +69,7 @@ class TopasParams:
     starvation_mult: float = 4.0
     move_stall: bool = False
     joint: bool = True
-    density: bool = False
+    density: bool = True
     use_reuse: bool = True
     use_aging: bool = True
 

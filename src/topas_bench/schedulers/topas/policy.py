@@ -87,6 +87,10 @@ class Topas(Policy):
             top=self.p.max_agents, must_admit=not view.running,
         )  # fmt: skip
         pack = choice.pack
+        if not pack.admits and not view.running and ranked:
+            # An idle server admits the best candidate whatever the pack thought of memory
+            # (the engine releases kept prefixes that stand in its way).
+            pack.admits.append(ranked[0])
         for c in pack.admits:
             self._credit[c.req.rid] = c.gain
         for v in pack.preempts:

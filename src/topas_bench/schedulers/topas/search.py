@@ -115,11 +115,12 @@ def search(
         return hit
 
     base = current - inp.locked_agents
+    best_empty = score(frozenset())  # no pins at all: what releasing every kept prefix gives
     options = sorted(
         (a for a in agents if a not in inp.locked_agents),
         key=lambda a: (-agent_gain.get(a, 0.0), a),
     )[:top]
-    best = score(base)
+    best = _better(score(base), best_empty)
     for a in options:
         best = _better(best, score(base | {a}) if a not in base else score(base - {a}))
     for a in [x for x in base if x not in options]:
