@@ -8,15 +8,15 @@ Time scales are the workload's own: T0, the mean unloaded JCT of the tasks seen 
 task's expected critical path when it is first seen, without queueing), measured online.
 
 beta (1.0): weight of the reuse value `V_reuse` against the other terms.
-rho (2.0), h_age_mult (1.0), h_age_s (None = h_age_mult x T0): aging
+rho (1.0, tuned), h_age_mult (2.0, tuned), h_age_s (None = h_age_mult x T0): aging
     `g = 1 + rho * log(1 + age / h_age)` multiplies admission gains; on the workload's time scale
-    a task that has waited one unloaded JCT gains 1 + rho log 2.
+    a task that has waited two unloaded JCTs gains 1 + rho log 2.
 srpt_exponent (1.0): each task's gain is scaled by (mean remaining critical path of the waiting
     tasks / its own) ** srpt_exponent, so tasks nearer completion go first (SRPT on the
     expected remaining critical path; 0 = flat).
 max_agents (M = 8): the search considers the M agents with the most waiting gain (each added,
     removed, swapped, or grown greedily), not every subset.
-max_actions (K = 4): at most K admissions + preemptions per decision.
+max_actions (K = 8, tuned): at most K admissions + preemptions per decision.
 horizon_s (None = auto): the epoch over which an admission's gain is measured, i.e. how long a
     waiting request that is not admitted now is expected to wait for the next chance. Auto =
     the mean expected residual service of the running requests, at least one decode step.
@@ -32,6 +32,9 @@ move_stall (False): charge a swap-in also to every running task, which stalls wh
     prefix is computed.
 joint (True): R' restricts packing to its agents' requests (the paper's joint choice); False
     packs any candidate and uses R' only for pins (the `topas-no-joint` ablation).
+density (True, tuned): rank candidates by gain per budget token they take (admission need,
+    lock cost, and their agent prefix when it is not paid for yet) instead of by gain: the
+    knapsack order GREEDY-PACK approximates. Gains themselves, and the score, are unchanged.
 use_reuse / use_aging: the ablation switches.
 """
 

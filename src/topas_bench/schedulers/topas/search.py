@@ -17,8 +17,8 @@ seconds of critical path:
 
 Candidate sets (bounded, not every subset): the current set R0 (agents whose prefixes running
 requests lock, plus those kept); R0 with one agent added, removed, or swapped for another; and
-the top agents by the gain of their waiting requests, added greedily one at a time. The agents
-running requests lock are in every set. The best score wins; ties go to the smaller change.
+the top agents by the gain of their waiting requests, added greedily one at a time to the empty
+set (which is scored too: no pins at all). The agents running requests lock are in every set. The best score wins; ties go to the smaller change.
 """
 
 from __future__ import annotations
@@ -115,12 +115,11 @@ def search(
         return hit
 
     base = current - inp.locked_agents
-    best_empty = score(frozenset())  # no pins at all: what releasing every kept prefix gives
     options = sorted(
         (a for a in agents if a not in inp.locked_agents),
         key=lambda a: (-agent_gain.get(a, 0.0), a),
     )[:top]
-    best = _better(score(base), best_empty)
+    best = score(base)
     for a in options:
         best = _better(best, score(base | {a}) if a not in base else score(base - {a}))
     for a in [x for x in base if x not in options]:
@@ -129,7 +128,8 @@ def search(
         for b in options:
             if b not in base:
                 best = _better(best, score((base - {a}) | {b}))
-    # greedy growth by agent gain from the locked set alone: the concentrated alternative
+    # greedy growth by agent gain from the empty set (no pins: every kept prefix released; it
+    # is compared whenever the first step does not beat it): the concentrated alternative
     grown = frozenset[str]()
     for a in options:
         grown = _pick(grown, a, score)
