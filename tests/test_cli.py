@@ -310,7 +310,7 @@ BAD_RUNS = [
         "--scheduler-param for 'lpm', which is not in this run (schedulers: fcfs)",
     ),
     (("--endpoint", "http://127.0.0.1:1"), "--endpoint is for --engine sglang"),
-    (("--model", "m"), "--model is for --engine sglang; the simulator does not use it"),
+    (("--model", "m"), "--model is for --engine sglang; --engine sim does not use it"),
     (("--sglang-arg", "--x"), "--sglang-arg is for --engine sglang"),
     (("-s", "all,nope"), f"unknown scheduler 'nope'; known: {KNOWN_SCHEDULERS}"),
     (
@@ -530,7 +530,10 @@ def test_every_command_has_help_with_an_example(command: tuple[str, ...]) -> Non
     [
         ("all", (*BASELINES, "topas")),
         ("baselines", BASELINES),
-        ("ablations", ("topas", "topas-base", "topas-no-reuse", "topas-no-aging")),
+        (
+            "ablations",
+            ("topas", "topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint"),
+        ),
         ("everything", tuple(SCHEDULERS.names())),
         ("lpm, fcfs", ("lpm", "fcfs")),
         ("all,topas-base", (*BASELINES, "topas", "topas-base")),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.trace import TraceError, TraceProblem, _json_error
+from topas_bench.workloads.trace import TraceError, TraceProblem, json_error
 
 _INTS = ("id", "system_tokens", "rest_tokens", "n_messages", "completion_tokens")
 _LCP = "lcp_tokens_with_prev_call_of_same_role"
@@ -103,7 +103,7 @@ def _call(n: int, line: str, seen: _Seen, problems: list[TraceProblem]) -> Call 
         bad("call", f"invalid JSON: {e.msg} (column {e.colno})")
         return None
     except (ValueError, RecursionError) as e:  # a 5,000-digit integer; nesting too deep
-        bad("call", f"invalid JSON: {_json_error(e)}")
+        bad("call", f"invalid JSON: {json_error(e)}")
         return None
     if not isinstance(obj, dict):
         bad("call", f"expected a JSON object, got {type(obj).__name__}")

@@ -14,7 +14,7 @@ from importlib.resources import files
 from typing import Any
 
 from topas_bench.workloads.model import Workload
-from topas_bench.workloads.trace import TraceError, TraceProblem, loads_workload
+from topas_bench.workloads.trace import TraceError, TraceProblem, json_error, loads_workload
 
 SCHEMA_FILE = "trace.schema.json"
 
@@ -50,6 +50,9 @@ def schema_problems(text: str) -> list[TraceProblem]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             problems.append(TraceProblem(n, what, f"invalid JSON: {e.msg} (column {e.colno})"))
+            continue
+        except (ValueError, RecursionError) as e:  # a 5,000-digit integer; nesting too deep
+            problems.append(TraceProblem(n, what, f"invalid JSON: {json_error(e)}"))
             continue
         for err in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
             path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)

@@ -185,7 +185,7 @@ class _Parser:
             self.problems.append(TraceProblem(n, what, f"invalid JSON: {e.msg} (column {e.colno})"))
             return None
         except (ValueError, RecursionError) as e:  # a 5,000-digit integer; nesting too deep
-            self.problems.append(TraceProblem(n, what, f"invalid JSON: {_json_error(e)}"))
+            self.problems.append(TraceProblem(n, what, f"invalid JSON: {json_error(e)}"))
             return None
         if isinstance(obj, dict):
             return obj
@@ -566,7 +566,7 @@ def _ignore(message: str) -> None:
     pass
 
 
-def _json_error(e: Exception) -> str:
+def json_error(e: Exception) -> str:
     """What `json.loads` failed on beyond syntax, in one short line."""
     if isinstance(e, RecursionError):
         return "nested too deeply"

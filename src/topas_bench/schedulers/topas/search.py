@@ -18,7 +18,8 @@ seconds of critical path:
 Candidate sets (bounded, not every subset): the current set R0 (agents whose prefixes running
 requests lock, plus those kept); R0 with one agent added, removed, or swapped for another; and
 the top agents by the gain of their waiting requests, added greedily one at a time to the empty
-set (which is scored too: no pins at all). The agents running requests lock are in every set. The best score wins; ties go to the smaller change.
+set (which is scored too: no pins at all). The agents running requests lock are in every set.
+The best score wins; ties go to the smaller change.
 """
 
 from __future__ import annotations
