@@ -22,7 +22,7 @@ from pathlib import Path
 
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
-from topas_bench.runners.sim.engine import ARRIVE, ITER, READY, Simulator
+from topas_bench.runners.sim.engine import ARRIVE, READY, Simulator
 from topas_bench.runners.sim.view import SimView
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key, output_key
@@ -60,20 +60,22 @@ def loaded_state(scheduler: str, waiting: int, agents: int) -> Simulator:
 
     for task in sim.workload.tasks:
         sim._push(task.arrival_s, ARRIVE, task)
+    heap = sim._heap
     iterations = 0
-    while sim._heap and iterations < 2:
-        t, _, kind, payload = heapq.heappop(sim._heap)
-        sim.now = t
-        if kind == ARRIVE:
-            sim._arrive(payload)
-        elif kind == READY:
-            sim._send(payload)
-        else:
-            sim._iteration_done(*payload)
-            iterations += 1
-        if not sim._busy and (not sim._heap or sim._heap[0][0] > sim.now):
-            sim._start_iteration()
-    assert not sim._heap or sim._heap[0][2] == ITER
+    while heap and iterations < 2:  # the loop of `Simulator.run`, stopped after 2 iterations
+        sim.now = heap[0][0]
+        while heap and heap[0][0] == sim.now:
+            _, _, kind, payload = heapq.heappop(heap)
+            if kind == ARRIVE:
+                sim._arrive(payload)
+            elif kind == READY:
+                sim._send(payload)
+            else:
+                sim._iteration_done(*payload)
+                iterations += 1
+        if not sim._busy and iterations < 2:
+            sim._step()
+    sim._receive()  # the top of the next iteration: what was sent joins the queue
     return sim
 
 

@@ -35,6 +35,7 @@ class SimRequest:
         "preemptions",
         "prefix_len",
         "private_tokens",
+        "probe_memo",
         "prompt",
         "prompt_tokens",
         "queued_s",
@@ -52,6 +53,8 @@ class SimRequest:
     ) -> None:
         self.rid = rid
         self.task = task
+        #: (tree version, fill tokens, GPU hit) of the view's last read-only probe
+        self.probe_memo = (-1, -1, 0)
         self.task_id = task.id
         self.stage_id = stage.id
         self.agent = stage.agent

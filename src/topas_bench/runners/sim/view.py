@@ -43,13 +43,13 @@ class Simulator(Protocol):
 
 
 class SimView:
-    """A view of a `Simulator` at one scheduling point (prefix hits memoised by it)."""
+    """A view of a `Simulator` at one scheduling point."""
 
-    __slots__ = ("_hits", "_sim")
+    __slots__ = ("_running_agents", "_sim")
 
     def __init__(self, sim: Simulator) -> None:
         self._sim = sim
-        self._hits: dict[int, int] = {}
+        self._running_agents: set[str] | None = None
 
     @property
     def now_s(self) -> float:
@@ -102,15 +102,19 @@ class SimView:
         return self._sim.estimator
 
     def cached_tokens(self, req: RequestView) -> int:
-        r = self._req(req)
-        hit = self._hits.get(r.rid)
-        if hit is None:
-            hit = self._hits[r.rid] = self._sim.cache.probe(r.fill())[0]
+        # Memoised on the request while the tree and its fill are unchanged (decode-only
+        # iterations change neither): a probe is read-only, so the answer is the same.
+        r: SimRequest = req  # type: ignore[assignment]  # policies hand back our requests
+        version, fill, hit = r.probe_memo
+        cache = self._sim.cache
+        if version != cache.version or fill != r.fill_tokens:
+            hit = cache.probe(r.fill())[0]
+            r.probe_memo = (cache.version, r.fill_tokens, hit)
         return hit
 
     def admission_need(self, req: RequestView) -> int:
         """`add_one_req`'s total: extend + clipped max_new + one page."""
-        r = self._req(req)
+        r: SimRequest = req  # type: ignore[assignment]
         clip = self._sim.cfg.clip_max_new_tokens
         extend = max(r.fill_tokens - self.cached_tokens(r), 1)
         return extend + min(max(r.max_new_tokens - r.generated, 0), clip) + 1
@@ -118,10 +122,12 @@ class SimView:
     def lock_cost(self, req: RequestView) -> int:
         """Cached tokens admitting `req` would lock; the agent's prefix is taken as already
         locked while one of its requests runs or it is kept (the adapter's approximation)."""
-        r = self._req(req)
+        r: SimRequest = req  # type: ignore[assignment]
         hit = self.cached_tokens(r)
         sim = self._sim
-        if r.agent and (r.agent in sim.pins or any(x.agent == r.agent for x in sim.running)):
+        if self._running_agents is None:
+            self._running_agents = {x.agent for x in sim.running}
+        if r.agent and (r.agent in sim.pins or r.agent in self._running_agents):
             return max(hit - sim.prefix_tokens.get(r.agent, 0), 0)
         return hit
 

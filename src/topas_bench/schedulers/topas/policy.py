@@ -88,8 +88,10 @@ class Topas(Policy):
         )  # fmt: skip
         pack = choice.pack
         if not pack.admits and not view.running and ranked:
-            # An idle server admits the best candidate whatever the pack thought of memory
-            # (the engine releases kept prefixes that stand in its way).
+            # Idle, and even the unrestricted pack with no pins found nothing that fits: its
+            # estimate counts lock costs in full and is stricter than the engine's check, so
+            # the best candidate goes to the engine, whose check decides (it releases kept
+            # prefixes that stand in the way of an idle server).
             pack.admits.append(ranked[0])
         for c in pack.admits:
             self._credit[c.req.rid] = c.gain
@@ -149,8 +151,16 @@ class Topas(Policy):
         heap: list[tuple[float, float, int, RequestView]] = []
         urgent: list[RequestView] = []
         gains: dict[int, float] = {}
+        costs: dict[int, int] = {}
         agent_gain: dict[str, float] = {}
+        # the agent-prefix tokens a request would take beyond its own cost: its agent's prefix
+        # when it is resident but neither locked nor kept (nobody has paid for it yet)
+        unpaid = {
+            a: 0 if pv.where == PrefixLocation.GPU and (pv.locks or pv.kept) else pv.tokens
+            for a, pv in prefixes.items()
+        }
         density = self.p.density
+        need, lock = view.admission_need, view.lock_cost
         for r in view.waiting:
             gain = weight[r.task_id] * paths[r.task_id].delta_share[r.stage_id]
             gains[r.rid] = gain
@@ -160,10 +170,8 @@ class Topas(Policy):
                 continue
             key = gain
             if density:  # gain per token of memory it would take
-                pv = prefixes.get(r.agent)
-                paid = pv is not None and pv.where == PrefixLocation.GPU and (pv.locks or pv.kept)
-                extra = 0 if paid or pv is None else pv.tokens
-                key = gain / max(view.admission_need(r) + view.lock_cost(r) + extra, 1)
+                cost = costs[r.rid] = need(r) + lock(r)
+                key = gain / max(cost + unpaid.get(r.agent, 0), 1)
             item = (key, -r.queued_s, -r.rid, r)
             if len(heap) < scan:
                 heapq.heappush(heap, item)
@@ -179,9 +187,10 @@ class Topas(Policy):
             unlocked = (
                 pv.tokens if pv is not None and resident and not pv.locks and not pv.kept else 0
             )
+            known = costs.get(r.rid)
             out.append(Candidate(
                 req=r, agent=r.agent, gain=gains[r.rid],
-                cost=view.admission_need(r) + view.lock_cost(r), prefix=unlocked,
+                cost=need(r) + lock(r) if known is None else known, prefix=unlocked,
                 absent=pv is not None and not resident, service_s=est.residual_service_s(r),
                 urgent=is_urgent,
             ))  # fmt: skip

@@ -100,7 +100,8 @@ def search(
     must_admit: bool = False,
 ) -> Choice:
     """The best scored resident set among the bounded candidates around `current`; with
-    `must_admit` (an idle server) only sets whose pack admits something count, if any."""
+    `must_admit` (an idle server) only sets whose pack admits something count, and if none
+    does, the unrestricted pack with no pins."""
     seen: dict[frozenset[str], Choice] = {}
 
     def _better(a: Choice, b: Choice) -> Choice:
@@ -135,6 +136,11 @@ def search(
     for a in options:
         grown = _pick(grown, a, score)
         best = _better(best, score(grown))
+    if must_admit and not best.pack.admits:
+        # An idle server whose every set admits nothing (say, only absent prefixes wait and
+        # none is in a set yet): the same pack, unrestricted, with every pin released.
+        loose = score_set(inp, agents, frozenset(), beta, joint=False)
+        best = loose if loose.pack.admits else best
     return best
 
 
