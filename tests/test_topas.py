@@ -731,3 +731,10 @@ def test_same_view_same_decision() -> None:
     again = policy.decide(replace(v))  # type: ignore[arg-type]
     assert [r.rid for r in first.admit] == [r.rid for r in again.admit]
     assert first.keep_prefixes == again.keep_prefixes
+
+
+def test_requests_with_nothing_reusable_are_never_held_back() -> None:
+    ranked = [cand(1, "a", 9.0, 100), cand(2, "solo", 8.0, 100)]
+    inp = inputs(ranked, 1e6, open_agents=frozenset({"solo"}))
+    pack = greedy_pack(inp, frozenset(), frozenset())
+    assert [c.req.rid for c in pack.admits] == [2]

@@ -77,6 +77,7 @@ class PackInputs:
     max_actions: int
     scan: int
     preempt_margin_s: float
+    open_agents: frozenset[str] = frozenset()  # agents with no shared prefix: never restricted
 
 
 def pin_delta(inp: PackInputs, keep: frozenset[str]) -> int:
@@ -88,7 +89,7 @@ def pin_delta(inp: PackInputs, keep: frozenset[str]) -> int:
 
 def greedy_pack(inp: PackInputs, allowed: frozenset[str] | None, keep: frozenset[str]) -> Pack:
     """Admissions for the resident set: candidates of agents in `allowed` (None: any agent;
-    urgent candidates always), `keep` pinned."""
+    urgent candidates and those with nothing reusable always), `keep` pinned."""
     pack = Pack()
     delta = pin_delta(inp, keep)
     budget = inp.budget - delta
@@ -101,7 +102,12 @@ def greedy_pack(inp: PackInputs, allowed: frozenset[str] | None, keep: frozenset
     for cand in itertools.islice(inp.ranked, inp.scan):
         if pack.actions >= inp.max_actions:
             break
-        if allowed is not None and cand.agent not in allowed and not cand.urgent:
+        if (
+            allowed is not None
+            and cand.agent not in allowed
+            and not cand.urgent
+            and cand.agent not in inp.open_agents
+        ):
             continue
         if cand.absent and cand.agent in absent_taken:
             continue

@@ -79,6 +79,7 @@ class Topas(Policy):
             max_actions=self.p.max_actions,
             scan=max(self.p.scan_limit, 4 * self.p.max_actions),
             preempt_margin_s=self.p.preempt_margin_s,
+            open_agents=frozenset(c.agent for c in ranked if c.agent not in prefixes),
         )
         agents = self._agents(view, prefixes, ranked)
         choice = search(

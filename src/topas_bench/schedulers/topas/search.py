@@ -1,8 +1,9 @@
 """The joint choice of TOPAS: which agents stay resident (R') and which of their requests run.
 
 For a candidate resident set R', GREEDY-PACK (`pack.py`) admits only requests of agents in R'
-(plus starving ones), R' prefixes that are resident are pinned, and the state is scored, in
-seconds of critical path:
+(plus starving ones, and those of agents with no shared prefix: nothing of theirs is
+reusable), R' prefixes that are resident are pinned, and the state is scored, in seconds of
+critical path:
 
     score(R') = sum of admitted gains - J_redo - J_revoke - J_move(R') + V_reuse(R')
 
@@ -118,7 +119,7 @@ def search(
 
     base = current - inp.locked_agents
     options = sorted(
-        (a for a in agents if a not in inp.locked_agents),
+        (a for a in agents if a not in inp.locked_agents and a not in inp.open_agents),
         key=lambda a: (-agent_gain.get(a, 0.0), a),
     )[:top]
     best = score(base)
