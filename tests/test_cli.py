@@ -545,3 +545,18 @@ def test_scheduler_groups(spec: str, expected: tuple[str, ...]) -> None:
     from topas_bench.experiment import parse_schedulers
 
     assert parse_schedulers(spec) == expected
+
+
+def test_saturation_prints_each_schedulers_knee_and_the_best() -> None:
+    result = invoke("workloads", "saturation", "chain3", "-s", "fcfs,spf")
+    assert result.exit_code == 0, result.output
+    pre = load_preset("a100-qwen32b")
+    budget = pre.derived_kv_budget_tokens
+    fcfs = measure_capacity("chain3", (), pre, budget)  # the capacity a load is relative to
+    spf = measure_capacity("chain3", (), pre, budget, "spf")
+    assert f"fcfs  {fcfs:.5f} tasks/s" in result.stdout
+    assert f"spf  {spf:.5f} tasks/s" in result.stdout
+    best, name = max((fcfs, "fcfs"), (spf, "spf"))
+    assert f"best  {best:.5f} tasks/s ({name}; KV budget {budget})" in result.stdout
+    bad = invoke("workloads", "saturation", "chain3", "-s", "nope")
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: ")

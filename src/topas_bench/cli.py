@@ -398,6 +398,44 @@ def workloads_export(
     out.print(f"wrote {output}: {len(w.tasks)} tasks, {sum(len(t.stages) for t in w.tasks)} calls")
 
 
+@workloads_app.command("saturation")
+@handles_errors
+def workloads_saturation(
+    name: Annotated[str, typer.Argument(help="Workload name or trace file.")],
+    schedulers: Annotated[
+        str, typer.Option("--schedulers", "-s", help="Schedulers or groups, comma-separated.")
+    ] = "baselines",
+    preset: Annotated[str, typer.Option(help="Preset: a name or a preset .toml file.")] = (
+        "a100-qwen32b"
+    ),
+    kv_budget: Annotated[
+        int | None, typer.Option("--kv-budget", help="KV budget in tokens (default: derived).")
+    ] = None,
+    workload_param: Annotated[
+        list[str] | None, typer.Option("--workload-param", help="key=value override (repeatable).")
+    ] = None,
+) -> None:
+    """Each scheduler's saturation rate on the simulator: the Poisson rate at which its mean JCT
+    reaches 3x the tasks' unloaded JCT (the capacity probe, run per scheduler), and the best.
+    A load of F relative to the best baseline is F x the best rate: pass it as `--rate`.
+
+    Example: topas-bench workloads saturation metagpt-tl -s baselines
+    """
+    from topas_bench.experiment import measure_capacity, parse_schedulers
+    from topas_bench.runners.sim.cost import load_preset
+
+    params = parse_assignments(workload_param or [], "--workload-param")
+    pre = load_preset(preset)
+    budget = kv_budget if kv_budget is not None else pre.derived_kv_budget_tokens
+    names = parse_schedulers(schedulers)
+    rates = {}
+    for s in names:
+        rates[s] = measure_capacity(name, tuple(sorted(params.items())), pre, budget, s)
+        out.print(f"{s:>24}  {rates[s]:.5f} tasks/s", markup=False)
+    best = max(rates, key=lambda k: rates[k])
+    out.print(f"{'best':>24}  {rates[best]:.5f} tasks/s ({best}; KV budget {budget})", markup=False)
+
+
 @workloads_app.command("validate")
 @handles_errors
 def workloads_validate(

@@ -179,11 +179,17 @@ def run_cell(
 
 @functools.lru_cache(maxsize=64)
 def measure_capacity(
-    workload: str, params: tuple[tuple[str, Any], ...], preset: Preset, kv_budget_tokens: int
+    workload: str,
+    params: tuple[tuple[str, Any], ...],
+    preset: Preset,
+    kv_budget_tokens: int,
+    scheduler: str = "fcfs",
 ) -> float:
     """A workload's capacity (tasks/s) on one engine setting: the Poisson rate at which FCFS's
     mean JCT reaches `CAPACITY_JCT_INFLATION` times the mean JCT of the same tasks served one
-    at a time (the knee of FCFS's load curve; beyond it queues grow fast).
+    at a time (the knee of FCFS's load curve; beyond it queues grow fast). With `scheduler`,
+    that scheduler's knee instead (`topas-bench workloads saturation` takes the best
+    baseline's).
 
     Found by doubling, then bisection in log-rate, on a `CAPACITY_PROBE_TASKS`-task sample
     (seed 0). Generators keep task contents fixed across rates, so only spacing changes. A
@@ -197,7 +203,7 @@ def measure_capacity(
             workload, num_tasks=CAPACITY_PROBE_TASKS, rate_per_s=rate, seed=0, **dict(params)
         )
         check_fits(w, kv_budget_tokens)
-        res = Simulator(w, make_policy("fcfs"), cost, cfg).run()
+        res = Simulator(w, make_policy(scheduler), cost, cfg).run()
         return float(res.tasks["jct_s"].mean())
 
     solo = mean_jct(1e-9)
