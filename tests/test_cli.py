@@ -560,3 +560,18 @@ def test_saturation_prints_each_schedulers_knee_and_the_best() -> None:
     assert f"best  {best:.5f} tasks/s ({name}; KV budget {budget})" in result.stdout
     bad = invoke("workloads", "saturation", "chain3", "-s", "nope")
     assert bad.exit_code == 2 and bad.stderr.startswith("error: ")
+
+
+def test_saturation_takes_range_parameters() -> None:
+    """A range given on the command line arrives as a list; the capacity cache needs it
+    hashable (it raised TypeError)."""
+    result = invoke(
+        "workloads", "saturation", "metagpt-sop", "-s", "fcfs",
+        "--workload-param", "prd_tokens=[250,350]",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    pre = load_preset("a100-qwen32b")
+    want = measure_capacity(
+        "metagpt-sop", (("prd_tokens", (250, 350)),), pre, pre.derived_kv_budget_tokens
+    )
+    assert f"fcfs  {want:.5f} tasks/s" in result.stdout

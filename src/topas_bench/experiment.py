@@ -177,7 +177,6 @@ def run_cell(
     return result
 
 
-@functools.lru_cache(maxsize=64)
 def measure_capacity(
     workload: str,
     params: tuple[tuple[str, Any], ...],
@@ -195,6 +194,18 @@ def measure_capacity(
     (seed 0). Generators keep task contents fixed across rates, so only spacing changes. A
     load of F means a Poisson rate of F x capacity, the same rate for every scheduler.
     """
+    frozen = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in params)
+    return _measure_capacity(workload, frozen, preset, kv_budget_tokens, scheduler)
+
+
+@functools.lru_cache(maxsize=64)
+def _measure_capacity(
+    workload: str,
+    params: tuple[tuple[str, Any], ...],
+    preset: Preset,
+    kv_budget_tokens: int,
+    scheduler: str,
+) -> float:
     cost = CostModel(preset)
     cfg = SimConfig(kv_budget_tokens=kv_budget_tokens, record_timeline=False)
 
