@@ -1,4 +1,4 @@
-"""The timeline figure: what TOPAS does differently from Parrot over one run.
+"""The timeline figure: what TOPAS does differently from Parrot and LPM over one run.
 
 For one run of each (same workload sample and seed), per time bin: resident agent prefixes
 (how many agents' system prompts are on the GPU), batch size (requests in the iteration), agents
@@ -21,8 +21,9 @@ from topas_bench.results import read_table
 
 BINS = 240
 #: TOPAS against Parrot (application-level FCFS, the strongest baseline on MetaGPT-TL in the
-#: paper); the best baseline stands in when a tree has no parrot run.
-PAIR = ("topas", "parrot")
+#: paper) and LPM (SGLang's cache-first order); the best baseline stands in when a tree has
+#: neither.
+SHOWN = ("topas", "parrot", "lpm")
 
 
 def _binned(tl: pd.DataFrame, values: np.ndarray, edges: np.ndarray, state: bool) -> np.ndarray:
@@ -49,12 +50,15 @@ def _resident(tl: pd.DataFrame) -> np.ndarray:
 def timeline_figure(
     plt: Any, coll: Collection, rows: pd.DataFrame, group: str, palette: dict[str, Any]
 ) -> Any | None:
-    """TOPAS and Parrot (or the best baseline) on the group's first common seed; None when the
-    group has neither TOPAS nor a baseline to set against it."""
+    """TOPAS, Parrot and LPM (or the best baseline) on the group's first common seed; None when
+    the group has neither TOPAS nor a baseline to set against it."""
     g = rows[rows["group"] == group]
-    other = PAIR[1] if (g["scheduler"] == PAIR[1]).any() else str(g.iloc[0]["best_baseline_mean"])
-    shown = [s for s in (PAIR[0], other) if s and (g["scheduler"] == s).any()]
-    if len(shown) < 2:
+    present = set(g["scheduler"])
+    others = [s for s in SHOWN[1:] if s in present]
+    if not others:
+        others = [str(g.iloc[0]["best_baseline_mean"])]
+    shown = [s for s in (SHOWN[0], *others) if s and s in present]
+    if len(shown) < 2 or shown[0] != SHOWN[0]:
         return None
     seed = int(str(g.iloc[0]["seeds"]).split(",")[0])
     runs = coll.runs
@@ -95,7 +99,7 @@ def timeline_figure(
         "\n(agents per batch: not drawn, these runs' timelines have no batch_agents column)"
     )  # fmt: skip
     fig.suptitle(
-        f"{first['workload']}: {shown[0]} vs {shown[1]}, seed {seed} ({first['group_label']})"
+        f"{first['workload']}: {' vs '.join(shown)}, seed {seed} ({first['group_label']})"
         + note,
         fontsize=10,
     )
