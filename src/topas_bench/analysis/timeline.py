@@ -99,8 +99,7 @@ def timeline_figure(
         "\n(agents per batch: not drawn, these runs' timelines have no batch_agents column)"
     )  # fmt: skip
     fig.suptitle(
-        f"{first['workload']}: {' vs '.join(shown)}, seed {seed} ({first['group_label']})"
-        + note,
+        f"{first['workload']}: {' vs '.join(shown)}, seed {seed} ({first['group_label']})" + note,
         fontsize=10,
     )
     return fig
