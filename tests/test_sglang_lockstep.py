@@ -32,6 +32,7 @@ VENV_PYTHON = REPO / ".venvs" / "sglang" / "bin" / "python"
 SCHEDULERS = ("fcfs", "lpm", "spf", "parrot", "autellix", "topas")
 SEEDS = (0, 1, 2, 3)
 MUTATIONS = ("broken_latch", "no_lru_refresh", "no_split_restamp")
+EVICTIONS = ("lru", "lfu", "slru", "priority")
 
 # -- pytest side (main venv) -----------------------------------------------------------------
 if __name__ != "__main__":  # the SGLang venv has no pytest
@@ -54,9 +55,12 @@ if __name__ != "__main__":  # the SGLang venv has no pytest
         return out
 
     @pytest.mark.slow
+    @pytest.mark.parametrize("eviction", EVICTIONS)
     @pytest.mark.parametrize("backend", ["python", "rust"])
-    def test_radix_tree_agrees_with_sglang(results: dict[str, Any], backend: str) -> None:
-        res = results[f"tree_{backend}"]
+    def test_radix_tree_agrees_with_sglang(
+        results: dict[str, Any], backend: str, eviction: str
+    ) -> None:
+        res = results[f"tree_{backend}_{eviction}"]
         assert res["error"] is None, res["error"]
         assert res["mismatches"] == [], res["mismatches"][:3]
         assert res["evictions"] > 100 and res["splits"] > 100  # the streams exercised both
@@ -81,8 +85,12 @@ if __name__ != "__main__":  # the SGLang venv has no pytest
 
 
 # -- the SGLang venv side --------------------------------------------------------------------
-def tree_differential(backend: str, seeds: int = 12, steps: int = 1500) -> dict[str, Any]:
-    """Random match / insert / lock / unlock / evict sequences against SGLang's tree."""
+def tree_differential(
+    backend: str, eviction: str = "lru", seeds: int = 12, steps: int = 1500
+) -> dict[str, Any]:
+    """Random match / insert / lock / unlock / evict sequences against SGLang's tree, under
+    one radix eviction policy (inserts at priority 0 or 1, each counting hits as a new
+    request's would)."""
     import random
     from array import array
 
@@ -124,11 +132,11 @@ def tree_differential(backend: str, seeds: int = 12, steps: int = 1500) -> dict[
         rtp = ReqToTokenPool(size=8, max_context_len=512, device="cpu", enable_memory_saver=False)
         params = CacheInitParams(
             disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1,
-            tree_components=(ComponentType.FULL,), eviction_policy="lru",
+            tree_components=(ComponentType.FULL,), eviction_policy=eviction,
         )  # fmt: skip
         with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(backend):
             cache = UnifiedRadixCache(params=params)
-        sim = RadixCache()
+        sim = RadixCache(eviction=eviction)
         locks: list[tuple[Any, Any]] = []
         for step in range(steps):
             segs = [Segment(rng.choice(keys[:3]), rng.choice([5, 8, 12]))]
@@ -160,8 +168,11 @@ def tree_differential(backend: str, seeds: int = 12, steps: int = 1500) -> dict[
                     if alloc.available_size() < len(ids):
                         continue
                 value = alloc.alloc(len(ids))
-                cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=value))
-                sim.insert(pieces(segs))
+                prio = rng.choice([0, 0, 1])
+                cache.insert(
+                    InsertParams(key=RadixKey(array("q", ids)), value=value, priority=prio)
+                )
+                sim.insert(pieces(segs), prio, 0)
             elif op < 0.8 and locks:
                 lock, node = locks.pop(rng.randrange(len(locks)))
                 cache.unlock(lock)
@@ -231,7 +242,11 @@ def main() -> None:
         print(name, {k: v for k, v in out[name].items() if k != "mismatches"}, file=sys.stderr)
 
     for backend in ("python", "rust"):
-        run(f"tree_{backend}", lambda b=backend: tree_differential(b))  # type: ignore[misc]
+        for eviction in EVICTIONS:
+            run(
+                f"tree_{backend}_{eviction}",
+                lambda b=backend, e=eviction: tree_differential(b, e),  # type: ignore[misc]
+            )
     for scheduler in SCHEDULERS:
         for seed in SEEDS:
             run(f"lockstep_{scheduler}_{seed}", lambda s=scheduler, k=seed: compare(k, s))  # type: ignore[misc]

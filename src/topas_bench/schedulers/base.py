@@ -204,6 +204,14 @@ class Policy(ABC):
     #: (the plugin's adapter), then asks the policy at every iteration while requests wait, so
     #: it can preempt for a better candidate, and pays a prefill attempt per step for it.
     acts_while_full: ClassVar[bool] = False
+    #: SGLang's `--radix-eviction-policy` the server runs with (`lru`, `lfu`, `slru`,
+    #: `priority`; `runners.sim.evict`) and its `--radix-eviction-policy-config` (for `slru`:
+    #: `protected_threshold`). Both engines build their cache with them.
+    radix_eviction_policy: ClassVar[str] = "lru"
+    radix_eviction_config: ClassVar[Mapping[str, int]] = {}
+    #: Seed of SGLang's shuffle under `--schedule-policy random` (the simulator seeds its own
+    #: generator with it, the reference engine SGLang's global one).
+    sglang_seed: ClassVar[int] = 0
 
     def __init__(self, **params: Any) -> None:
         reject_unknown(self.name, params)

@@ -410,8 +410,10 @@ def make_scheduler_class(
                 estimator_factory(), clock=clock, unix_clock=unix_clock, on_decision=on_decision,
             )  # fmt: skip
             self._topas_batch_start = 0.0
+            # SGLang's own pass for the policy's `--schedule-policy` (its bookkeeping and
+            # order), whatever the server was started with; the simulator runs the same.
             self.policy = TopasSchedulePolicy(
-                self.schedule_policy, self.tree_cache, self.enable_hierarchical_cache,
+                self.topas.policy.sglang_policy, self.tree_cache, self.enable_hierarchical_cache,
                 self.enable_priority_scheduling, self.schedule_low_priority_values_first,
                 bridge=self.topas,
             )  # fmt: skip

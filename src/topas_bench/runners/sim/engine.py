@@ -42,6 +42,7 @@ import numpy.typing as npt
 
 from topas_bench.errors import TopasError
 from topas_bench.runners.sim.admission import AddResult, PrefillAdder, running_offset
+from topas_bench.runners.sim.calc_priority import QueuePass
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.radix import Match, Node, RadixCache
@@ -58,9 +59,6 @@ ARRIVE, READY, ITER = 0, 1, 2
 #: `(request, cached tokens, new tokens)` or the decode batch size, free KV, evictable cache,
 #: waiting requests. The reference engine records the same (`sglang_cpu.loop`).
 Step = tuple[str, Any, int, int, int]
-#: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX` and `WAITING_PREFIX_REFRESH_INTERVAL`.
-PREFIX_MATCH_MAX = 128
-PREFIX_REFRESH_INTERVAL = 32
 
 
 class SimulationError(TopasError):
@@ -87,7 +85,17 @@ class Simulator:
         self.policy = policy
         self.cost = cost
         self.cfg = config
-        self.cache = RadixCache(config.host_tier_tokens)
+        self.cache = RadixCache(
+            config.host_tier_tokens, policy.radix_eviction_policy,
+            policy.radix_eviction_config.get("protected_threshold", 2),
+        )  # fmt: skip
+        self.queue_pass = QueuePass(
+            policy.sglang_policy, policy.radix_eviction_policy, policy.sglang_seed
+        )
+        #: `Scheduler.processed_tokens_counter` (`hrrn`'s clock): `extend_num_tokens` of every
+        #: batch run so far; a decode batch counts what the running batch's first prefill had.
+        self.processed_tokens = 0
+        self.decode_extend_tokens = 0
         self.private_tokens = 0
         self.waiting: list[SimRequest] = []  # SGLang's waiting_queue, in its order
         self.running: list[SimRequest] = []  # the running (decode) batch, in its order
@@ -115,7 +123,6 @@ class Simulator:
         self._rids = itertools.count()
         self._enqueues = itertools.count()
         self._busy = False
-        self._refresh_calls = 0
         self._on_task_done = on_task_done
         self._done_tasks = 0
 
@@ -220,6 +227,7 @@ class Simulator:
         """`_add_request_to_queue`: new, retracted and preempted requests join at the end."""
         req.queued_s = self.now if at_s is None else at_s
         req.enqueue_seq = next(self._enqueues)
+        req.arrival_processed_tokens = self.processed_tokens
         req.task.set_state(req.stage_id, StageState.WAITING)
         self.waiting.append(req)
 
@@ -260,7 +268,10 @@ class Simulator:
             self.cache, lambda: self.free_tokens, self.running, self.ratio, self.cfg
         )
         preempted = self._apply_preemptions(decision, adder)
-        still_chunked = self.chunked is not None and adder.add_chunked(self.chunked)
+        still_chunked = False
+        if self.chunked is not None:
+            limit = self.queue_pass.chunk_limit(self.chunked, self.waiting, adder.rem_chunk)
+            still_chunked = adder.add_chunked(self.chunked, limit)
         admit = None if decision is None else {r.rid for r in decision.admit}
         for req in self.waiting:
             if adder.budget_state() is AddResult.OTHER:
@@ -302,17 +313,13 @@ class Simulator:
         return True
 
     def _calc_priority(self) -> Decision | None:
-        """`SchedulePolicy.calc_priority` on the waiting queue, then the policy's decision
-        (the plugin's `Bridge.decide`): its admits first, in its order, the rest after."""
-        if self.policy.sglang_policy == "lpm" and len(self.waiting) <= PREFIX_MATCH_MAX:
-            for r in self.waiting:  # `_compute_prefix_matches`
-                self._match(r.fill())
-        elif self.waiting:  # `_touch_waiting_prefixes`
-            refresh = self._refresh_calls % PREFIX_REFRESH_INTERVAL == 0
-            self._refresh_calls += 1
-            if refresh:
-                for r in reversed(self.waiting[:PREFIX_MATCH_MAX]):
-                    self._match(r.fill())
+        """`SchedulePolicy.calc_priority` on the waiting queue (`calc_priority.QueuePass`: the
+        prefix bookkeeping and SGLang's own order for the policy's `sglang_policy`), then the
+        policy's decision (the plugin's `Bridge.decide`): its admits first, in its order, the
+        rest after."""
+        self.waiting = self.queue_pass.run(
+            self.waiting, self.cache, self._match_req, self.processed_tokens
+        )
         if not self.waiting:
             return None
         view = SimView(self)
@@ -325,6 +332,10 @@ class Simulator:
         if decision.keep_prefixes is not None:
             self._keep(decision.keep_prefixes)
         return decision
+
+    def _match_req(self, req: SimRequest) -> tuple[int, Node]:
+        m = self.cache.match(req.fill())
+        return m.gpu_tokens, m.node
 
     def _apply_preemptions(
         self, decision: Decision | None, adder: PrefillAdder
@@ -430,6 +441,7 @@ class Simulator:
         load = sum(a.match.host_tokens for a in adder.batch if a.match is not None)
         dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
         new = sum(a.new_tokens for a in adder.batch)
+        self.processed_tokens += new
         self.rec.iteration(1, self._row("prefill", dur, 1, [a.req for a in adder.batch], new))
         self.prefilling = [a.req for a in adder.batch]
         if self.trace is not None:
@@ -456,6 +468,7 @@ class Simulator:
         steps = len(ends)
         self._decay(steps - 1)  # the later steps' (the first step's is above)
         self._alloc(b * steps)
+        self.processed_tokens += self.decode_extend_tokens * steps
         for req in self.running:
             req.private_tokens += steps
         dur = float(ends[-1]) - self.now
@@ -553,6 +566,7 @@ class Simulator:
             self.cache.unlock(req.lock_node)
             req.lock_node = None
         req.prefix_len = 0
+        req.inserted_len = 0  # `Req.reset_for_retract`
         req.preemptions += 1
         req.admitted_s = None
         self.rec.preemption()
@@ -576,9 +590,11 @@ class Simulator:
         running batch: the chunked request's chunk joins the tree (`stash_chunked_request`),
         and a chunked or finished request leaving the batch clears the latch. An empty running
         batch is replaced by the prefill batch (`running_batch = last_batch`), whose latch is
-        a new batch's: clear."""
+        a new batch's: clear, and its `extend_num_tokens` stays with it (`prepare_for_decode`
+        keeps it), so each decode step of it adds them to the prefill-token counter again."""
         self.prefilling = []
-        if not self.running:
+        replaced = not self.running
+        if replaced:
             self.batch_is_full = False
         chunk: tuple[SimRequest, int] | None = None
         for adm in adder.batch:
@@ -601,11 +617,25 @@ class Simulator:
         if chunk is not None:
             self._checkpoint(*chunk)
             self.batch_is_full = False
+        if replaced and self.running:
+            self.decode_extend_tokens = sum(a.new_tokens for a in adder.batch)
+
+    def _insert(self, req: SimRequest, up_to: int) -> Node:
+        """`UnifiedRadixCache.checkpoint_into_tree`'s inserts: the fill's first `up_to` tokens
+        (hits counted past what the request inserted before), then, when the fill goes past
+        the prompt, the prompt again at priority 1 (the prompt outlives the output under
+        `priority` eviction). Requests carry SGLang's default priority, 0."""
+        fill = req.fill()
+        last, _ = self.cache.insert(take(fill, up_to)[0], 0, req.inserted_len)
+        req.inserted_len = max(req.inserted_len, up_to)
+        if 0 < req.prompt_tokens < up_to:
+            self.cache.insert(take(fill, req.prompt_tokens)[0], 1)
+        return last
 
     def _checkpoint(self, req: SimRequest, up_to: int) -> None:
         """`checkpoint_kv_cache`: the computed fill joins the tree, the lock moves to it."""
         assert req.lock_node is not None
-        last, _ = self.cache.insert(take(req.fill(), up_to)[0])
+        last = self._insert(req, up_to)
         self.private_tokens -= up_to - req.prefix_len
         req.private_tokens -= up_to - req.prefix_len
         self.cache.lock(last)
@@ -632,7 +662,7 @@ class Simulator:
         """`release_kv_cache(checkpoint=True)`: the fill up to the last computed token (the
         prompt and every output but the last) joins the tree; the request's locks go."""
         assert req.lock_node is not None
-        self.cache.insert(take(req.fill(), committed)[0])
+        req.context_node = self._insert(req, committed)
         self.private_tokens -= req.private_tokens
         req.private_tokens = 0
         self.cache.unlock(req.lock_node)
