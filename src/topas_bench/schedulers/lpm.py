@@ -27,7 +27,15 @@ from typing import Any, ClassVar
 from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView, require_int
 from topas_bench.workloads.pieces import Piece, common, fill_pieces, length
 
-DEFAULTS = {"fallback_above": 128, "in_batch_check_tokens": 32, "in_batch_deprioritize_tokens": 32}
+#: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX` and `IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD` (=
+#: `IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD`).
+PREFIX_MATCH_MAX = 128
+IN_BATCH_THRESHOLD = 32
+DEFAULTS = {
+    "fallback_above": PREFIX_MATCH_MAX,
+    "in_batch_check_tokens": IN_BATCH_THRESHOLD,
+    "in_batch_deprioritize_tokens": IN_BATCH_THRESHOLD,
+}
 
 
 class LPM(Policy):

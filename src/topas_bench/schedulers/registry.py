@@ -9,7 +9,9 @@ from topas_bench.registry import Registry
 from topas_bench.schedulers.autellix import Autellix
 from topas_bench.schedulers.base import Policy, reject_unknown
 from topas_bench.schedulers.fcfs import FCFS
+from topas_bench.schedulers.kvflow import KVFlow
 from topas_bench.schedulers.lpm import LPM
+from topas_bench.schedulers.lpm_aging import LPMAging
 from topas_bench.schedulers.parrot import ParrotFCFS
 from topas_bench.schedulers.sglang_stock import (
     HRRN,
@@ -51,6 +53,8 @@ SCHEDULERS.add("routing-key", RoutingKey)
 SCHEDULERS.add("lpm-slru", LPMSlru)
 SCHEDULERS.add("lpm-lfu", LPMLfu)
 SCHEDULERS.add("lpm-priority", LPMPriority)
+SCHEDULERS.add("lpm-aging", LPMAging)
+SCHEDULERS.add("kvflow", KVFlow)
 
 #: The paper's baselines, in the order tables show them.
 BASELINES = ("fcfs", "lpm", "spf", "parrot", "autellix")
@@ -61,7 +65,7 @@ SGLANG_STOCK = (
     "dfs-weight", "lof", "random", "hrrn", "routing-key", "lpm-slru", "lpm-lfu", "lpm-priority",
 )  # fmt: skip
 #: The peers the paper left out: systems that decide what to keep, and stock SGLang.
-PEERS = SGLANG_STOCK
+PEERS = ("kvflow", "lpm-aging", *SGLANG_STOCK)
 #: TOPAS's ablations (DESIGN section 5).
 ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint")
 

@@ -142,7 +142,41 @@ class Bridge:
         self.preempt_ids = {r.engine.rid for r in decision.preempt if isinstance(r, TrackedRequest)}
         if decision.keep_prefixes is not None:
             self.keep(decision.keep_prefixes, running)
+        if decision.prefix_priority is not None:
+            self.set_prefix_priorities(decision.prefix_priority)
         return decision
+
+    def set_prefix_priorities(self, priorities: Mapping[str, int]) -> None:
+        """`Decision.prefix_priority` on the tree's nodes (the simulator's
+        `pins.set_prefix_priorities`): each agent's prefix device path, read-only. Needs the
+        Python tree core (the Rust one keeps its nodes to itself): without it, logged once and
+        skipped."""
+        core = getattr(self.tree_cache, "tree_core", None)
+        best: dict[int, tuple[Any, int]] = {}
+        try:
+            for agent in sorted(priorities):
+                ids = self.tracker.agent_prefixes.get(agent)
+                if not ids:
+                    continue
+                key = RadixKey(token_ids=array("q", ids))
+                matched, node_id, _ = core.match_full_device_prefix(key)  # type: ignore[union-attr]
+                n = core.node_by_id(node_id) if matched else None  # type: ignore[union-attr]
+                while n is not None and n is not core.root_node:  # type: ignore[union-attr]
+                    prev = best.get(id(n))
+                    if prev is None or priorities[agent] > prev[1]:
+                        best[id(n)] = (n, priorities[agent])
+                    n = n.parent
+        except (AttributeError, NotImplementedError):
+            if "prefix_priority" not in self._warned:
+                self._warned.add("prefix_priority")
+                logger.warning(
+                    "topas: %s sets prefix eviction priorities, which needs SGLang's Python "
+                    "tree core (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python); ignored",
+                    self.policy.name,
+                )
+            return
+        for n, priority in best.values():
+            n.priority = priority
 
     def keep(self, agents: frozenset[str], running: Sequence[Req]) -> None:
         """Lock the kept agents' prefix nodes, as far as the admission budget allows (a pin may

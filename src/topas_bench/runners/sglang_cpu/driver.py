@@ -92,10 +92,16 @@ def reference_loop(
         "radix_eviction_policy": policy.radix_eviction_policy,
         "radix_eviction_policy_config": dict(policy.radix_eviction_config) or None,
     }
-    loop.sched = build_scheduler(
-        base, server_args, kv_tokens=server.kv_budget_tokens,
-        max_reqs=server.max_running_requests, script=loop.script, on_requeue=loop.on_requeue,
-    )  # fmt: skip
+    from sglang.srt.environ import envs  # type: ignore[import-not-found]
+
+    # a policy that sets node priorities needs SGLang's Python tree core (`Bridge`)
+    core = "python" if policy.sets_prefix_priority else server.tree_core
+    with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(core):
+        loop.sched = build_scheduler(
+            base, server_args, kv_tokens=server.kv_budget_tokens,
+            max_reqs=server.max_running_requests, script=loop.script,
+            on_requeue=loop.on_requeue,
+        )  # fmt: skip
     if native == "random":
         # SGLang shuffles with the global generator: seed it as the simulator seeds its own.
         random.seed(policy.sglang_seed)

@@ -26,15 +26,12 @@ from typing import Protocol
 
 from topas_bench.runners.sim.radix import Node, RadixCache
 from topas_bench.runners.sim.state import SimRequest
-from topas_bench.schedulers.lpm import in_batch_demotions
+from topas_bench.schedulers.lpm import IN_BATCH_THRESHOLD, PREFIX_MATCH_MAX, in_batch_demotions
 
 CACHE_AWARE = frozenset({"lpm", "dfs-weight", "hrrn", "shortest-prefill-first"})
 SORTED = frozenset({*CACHE_AWARE, "lof", "random"})
-#: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX`, `WAITING_PREFIX_REFRESH_INTERVAL` and the two
-#: `IN_BATCH_PREFIX_CACHING_*_THRESHOLD`s.
-PREFIX_MATCH_MAX = 128
+#: SGLang's `WAITING_PREFIX_REFRESH_INTERVAL`.
 PREFIX_REFRESH_INTERVAL = 32
-IN_BATCH_THRESHOLD = 32
 
 
 class Matcher(Protocol):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ from topas_bench.runners.sim.admission import AddResult, PrefillAdder, running_o
 from topas_bench.runners.sim.calc_priority import QueuePass
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel
+from topas_bench.runners.sim.pins import ContextPins, set_prefix_priorities
 from topas_bench.runners.sim.radix import Match, Node, RadixCache
 from topas_bench.runners.sim.records import Recorder, SimResult
 from topas_bench.runners.sim.state import SimRequest, TaskRun
@@ -104,6 +105,11 @@ class Simulator:
         self.batch_is_full = False
         self.ratio = config.init_new_token_ratio
         self.pins: dict[str, Node] = {}  # agent -> its locked prefix node (kept prefixes)
+        self.contexts = ContextPins(self.cache)  # finished contexts kept for a while
+        #: Requests finished in the last iteration, whose context the policy may keep.
+        self.finished_pending: list[SimRequest] = []
+        self._asks_ttl = type(policy).context_ttl is not Policy.context_ttl
+        self.link_free_s = 0.0  # when the host link finishes its last prefetch
         self.inbox: list[SimRequest] = []  # sent while the server was busy: not received yet
         self.agents_seen: set[str] = set()  # agents of the requests received so far
         self._ends: npt.NDArray[np.float64] | None = None  # step ends of the iteration run
@@ -168,7 +174,7 @@ class Simulator:
         if self.free_tokens < 0:
             raise SimulationError(f"KV budget exceeded by {-self.free_tokens} tokens")
         locks: dict[int, int] = {}
-        for node in [*(r.lock_node for r in live), *self.pins.values()]:
+        for node in [*(r.lock_node for r in live), *self.pins.values(), *self.contexts.nodes()]:
             n = node
             while n is not None and n is not self.cache.root:
                 locks[id(n)] = locks.get(id(n), 0) + 1
@@ -234,6 +240,7 @@ class Simulator:
     # -- one iteration ------------------------------------------------------------------------
     def _step(self) -> None:
         self._receive()
+        self._maintain_contexts()
         adder = self._prefill_attempt()
         if adder is not None:
             self._start_prefill(adder)
@@ -307,7 +314,7 @@ class Simulator:
     def _liveness(self, adder: PrefillAdder) -> bool:
         """Kept prefixes may not starve an idle server: with nothing admitted or running,
         release them and retry (as the plugin's adapter does)."""
-        if adder.batch or self.running or not self.pins:
+        if adder.batch or self.running or not (self.pins or self.contexts):
             return False
         self._release_pins()
         return True
@@ -331,6 +338,10 @@ class Simulator:
         self.waiting = first + [r for r in self.waiting if r.rid in waiting]
         if decision.keep_prefixes is not None:
             self._keep(decision.keep_prefixes)
+        if decision.prefix_priority is not None:
+            set_prefix_priorities(self.cache, decision.prefix_priority, self.prefix_tokens)
+        if decision.prefetch:
+            self._prefetch(decision.prefetch)
         return decision
 
     def _match_req(self, req: SimRequest) -> tuple[int, Node]:
@@ -358,12 +369,7 @@ class Simulator:
         needs); unlock the others."""
         for agent in [a for a in self.pins if a not in agents]:
             self.cache.unlock(self.pins.pop(agent))
-        clip = self.cfg.clip_max_new_tokens
-        room: float = self.free_tokens + self.cache.evictable_tokens
-        room -= sum(running_offset(r, self.ratio, clip) for r in self.running)
-        if self.chunked is not None:  # what its next chunks need (the adapter's `chunk_rest`)
-            c = self.chunked
-            room -= c.fill_tokens - c.prefix_len + min(c.max_new_tokens, clip)
+        room = self._pin_room()
         for agent in sorted(agents - self.pins.keys()):
             tokens = self.prefix_tokens.get(agent, 0)
             if not tokens:
@@ -378,10 +384,71 @@ class Simulator:
                 self.pins[agent] = m.node
                 room -= cost
 
+    def _pin_room(self) -> float:
+        """What a pin may take: the admission budget, less the decode headroom running
+        requests reserve and what the in-flight chunked prefill still needs (the adapter's
+        `chunk_rest`)."""
+        clip = self.cfg.clip_max_new_tokens
+        room: float = self.free_tokens + self.cache.evictable_tokens
+        room -= sum(running_offset(r, self.ratio, clip) for r in self.running)
+        if self.chunked is not None:
+            c = self.chunked
+            room -= c.fill_tokens - c.prefix_len + min(c.max_new_tokens, clip)
+        return room
+
     def _release_pins(self) -> None:
         for node in self.pins.values():
             self.cache.unlock(node)
         self.pins.clear()
+        self.contexts.release_all()
+
+    def _maintain_contexts(self) -> None:
+        """At an iteration's start: release contexts whose time is up or whose task ended,
+        then ask the policy about the requests that finished in the last one
+        (`Policy.context_ttl`; the adapter does the same in `get_new_batch_prefill`)."""
+        if self.contexts:
+            self.contexts.expire(self.now, self.tasks)
+        pending, self.finished_pending = self.finished_pending, []
+        if not pending:
+            return
+        view = SimView(self)
+        for req in pending:
+            if req.task_id not in self.tasks or req.context_node is None:
+                continue
+            ttl = self.policy.context_ttl(req, view)
+            if ttl > 0:
+                expires = self.now + ttl
+                self.contexts.pin(req.rid, req.context_node, req.task_id, expires, self._pin_room())
+
+    def _prefetch(self, agents: Sequence[str]) -> None:
+        """`Decision.prefetch` (KVFlow's overlapped prefetch): load the host-tier part of each
+        agent's prefix back to the GPU, in order, while the admission budget holds it (its GPU
+        ancestors locked while room is made); the host link carries the loads one after the
+        other, and a request that needs a node before its load ends waits for it."""
+        if not self.cfg.host_tier_tokens:
+            return
+        for agent in agents:
+            key = [(agent_key(agent), 0, self.prefix_tokens.get(agent, 0))]
+            path = self.cache.walk(key)
+            gpu = self.cache.device_path(key)
+            need = sum(n.tokens for n in path[len(gpu) :])
+            if not need:
+                continue
+            if need > self.free_tokens + self.cache.evictable_tokens:
+                return
+            if gpu:
+                self.cache.lock(gpu[-1])
+            self._evict_for(need)
+            if gpu:
+                self.cache.unlock(gpu[-1])
+            host = [n for n in self.cache.walk(key)[len(gpu) :] if not n.on_gpu]
+            need = sum(n.tokens for n in host)
+            if not host or need > self.free_tokens:
+                return
+            self.cache.load_back(host)
+            self.link_free_s = max(self.now, self.link_free_s) + self.cost.host_load_s(need)
+            for n in host:
+                n.ready_s = self.link_free_s
 
     def _match(self, key: list[Piece], limit: int | None = None) -> Match:
         return self.cache.match(key, limit)
@@ -440,6 +507,8 @@ class Simulator:
         items = [(a.cached_before, a.new_tokens) for a in adder.batch]
         load = sum(a.match.host_tokens for a in adder.batch if a.match is not None)
         dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
+        if self.link_free_s > self.now:  # a prefetch still loading what the batch reads
+            dur += self._prefetch_stall(adder)
         new = sum(a.new_tokens for a in adder.batch)
         self.processed_tokens += new
         self.rec.iteration(1, self._row("prefill", dur, 1, [a.req for a in adder.batch], new))
@@ -456,7 +525,7 @@ class Simulator:
     def _start_decode(self) -> None:
         """`update_running_batch`, then as many decode steps as nothing can interrupt."""
         b = len(self.running)
-        if self.pins and not self._decode_fits(b):
+        if (self.pins or self.contexts) and not self._decode_fits(b):
             self._release_pins()  # running requests win over kept prefixes (the adapter)
         if not self._decode_fits(b):
             self._retract()
@@ -478,6 +547,15 @@ class Simulator:
         self._busy = True
         self._ends = ends
         self._push(float(ends[-1]), ITER, ("decode", durs, dur))
+
+    def _prefetch_stall(self, adder: PrefillAdder) -> float:
+        ready = 0.0
+        for adm in adder.batch:
+            n: Node | None = adm.req.lock_node
+            while n is not None:
+                ready = max(ready, n.ready_s)
+                n = n.parent
+        return max(0.0, ready - self.now)
 
     def _row(
         self, kind: str, dur: float, steps: int, batch: list[SimRequest], new: int
@@ -530,6 +608,8 @@ class Simulator:
         ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
         if k > 1 and self._heap and not self.batch_is_full:
             k = min(k, int(ends.searchsorted(self._heap[0][0], side="left")) + 1)
+        if k > 1 and self.contexts:  # a context's release is seen at the next iteration
+            k = min(k, int(ends.searchsorted(self.contexts.next_expiry(), side="left")) + 1)
         return durs[:k], ends[:k]
 
     def _retract(self) -> None:
@@ -668,6 +748,8 @@ class Simulator:
         self.cache.unlock(req.lock_node)
         req.lock_node = None
         req.finish_s = self.now
+        if self._asks_ttl:
+            self.finished_pending.append(req)
         self.estimator.observe(req.agent, req.kind, req.generated)
         self.rec.request(req)
         run = req.task

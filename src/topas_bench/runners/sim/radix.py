@@ -46,7 +46,7 @@ from topas_bench.workloads.pieces import Piece, common, first_token, length, tak
 class Node:
     __slots__ = (
         "children", "edge", "hit_count", "last_access", "lock", "on_gpu", "on_host", "parent",
-        "priority", "tokens",
+        "priority", "ready_s", "tokens",
     )  # fmt: skip
 
     def __init__(self, edge: list[Piece], parent: Node | None, t: float) -> None:
@@ -60,6 +60,7 @@ class Node:
         self.on_host = False
         self.hit_count = 0  # inserts of distinct requests that walked it (lfu, slru)
         self.priority = 0  # the highest inserting request's priority (priority eviction)
+        self.ready_s = 0.0  # when a prefetch from the host tier has brought it in
 
     def gpu_child_count(self) -> int:
         return sum(1 for c in self.children.values() if c.on_gpu)
@@ -132,6 +133,31 @@ class RadixCache:
             rest = take(rest, m)[1]
             node = child
         return gpu, host
+
+    def walk(self, key: Sequence[Piece]) -> list[Node]:
+        """The nodes `key` runs through, read-only: on the GPU, then on the host, the node
+        where it ends (maybe inside) included (`match_full_device_prefix`'s walk)."""
+        node, rest, out = self.root, list(key), []
+        while rest:
+            child = node.children.get(first_token(rest[0]))
+            if child is None or not (child.on_gpu or child.on_host):
+                break
+            m = common(child.edge, rest, length(rest))
+            out.append(child)
+            if m < child.tokens:
+                break
+            rest = take(rest, m)[1]
+            node = child
+        return out
+
+    def device_path(self, key: Sequence[Piece]) -> list[Node]:
+        """`walk`'s leading GPU nodes."""
+        out = []
+        for n in self.walk(key):
+            if not n.on_gpu:
+                break
+            out.append(n)
+        return out
 
     def nodes(self) -> Iterator[Node]:
         stack = list(self.root.children.values())
