@@ -8,6 +8,7 @@ from typing import Any
 from topas_bench.registry import Registry
 from topas_bench.schedulers.autellix import Autellix
 from topas_bench.schedulers.base import Policy, reject_unknown
+from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.kvflow import KVFlow
 from topas_bench.schedulers.lpm import LPM
@@ -55,6 +56,7 @@ SCHEDULERS.add("lpm-lfu", LPMLfu)
 SCHEDULERS.add("lpm-priority", LPMPriority)
 SCHEDULERS.add("lpm-aging", LPMAging)
 SCHEDULERS.add("kvflow", KVFlow)
+SCHEDULERS.add("continuum", Continuum)
 
 #: The paper's baselines, in the order tables show them.
 BASELINES = ("fcfs", "lpm", "spf", "parrot", "autellix")
@@ -65,7 +67,7 @@ SGLANG_STOCK = (
     "dfs-weight", "lof", "random", "hrrn", "routing-key", "lpm-slru", "lpm-lfu", "lpm-priority",
 )  # fmt: skip
 #: The peers the paper left out: systems that decide what to keep, and stock SGLang.
-PEERS = ("kvflow", "lpm-aging", *SGLANG_STOCK)
+PEERS = ("kvflow", "continuum", "lpm-aging", *SGLANG_STOCK)
 #: TOPAS's ablations (DESIGN section 5).
 ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint")
 

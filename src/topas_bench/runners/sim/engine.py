@@ -113,6 +113,8 @@ class Simulator:
         self.inbox: list[SimRequest] = []  # sent while the server was busy: not received yet
         self.agents_seen: set[str] = set()  # agents of the requests received so far
         self._ends: npt.NDArray[np.float64] | None = None  # step ends of the iteration run
+        #: The prefill-token counter before that run, and what each of its steps added.
+        self._ends_counter = (0, 0)
         self.now = 0.0
         self.tasks: dict[str, TaskRun] = {}
         self.prefix_tokens = {a.name: a.prefix_tokens for a in workload.agents}
@@ -222,11 +224,15 @@ class Simulator:
         ends = self._ends
         for req in self.inbox:
             t = self.now
+            counter = self.processed_tokens
             if ends is not None and req.sent_s < self.now:
-                t = float(ends[int(ends.searchsorted(req.sent_s, side="left"))])
+                j = int(ends.searchsorted(req.sent_s, side="left"))
+                t = float(ends[j])
+                counter = self._ends_counter[0] + self._ends_counter[1] * (j + 1)
             req.ready_s = t
             self.agents_seen.add(req.agent)
             self._enqueue(req, t)
+            req.arrival_processed_tokens = counter
         self.inbox = []
 
     def _enqueue(self, req: SimRequest, at_s: float | None = None) -> None:
@@ -510,6 +516,7 @@ class Simulator:
         if self.link_free_s > self.now:  # a prefetch still loading what the batch reads
             dur += self._prefetch_stall(adder)
         new = sum(a.new_tokens for a in adder.batch)
+        self._ends_counter = (self.processed_tokens, new)
         self.processed_tokens += new
         self.rec.iteration(1, self._row("prefill", dur, 1, [a.req for a in adder.batch], new))
         self.prefilling = [a.req for a in adder.batch]
@@ -537,6 +544,7 @@ class Simulator:
         steps = len(ends)
         self._decay(steps - 1)  # the later steps' (the first step's is above)
         self._alloc(b * steps)
+        self._ends_counter = (self.processed_tokens, self.decode_extend_tokens)
         self.processed_tokens += self.decode_extend_tokens * steps
         for req in self.running:
             req.private_tokens += steps
