@@ -17,7 +17,13 @@ from topas_bench.experiment import GROUPS, measure_capacity
 from topas_bench.results import TABLES, RunIdentity
 from topas_bench.runners.engines import engine_version
 from topas_bench.runners.sim.cost import load_preset, preset_names
-from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS
+from topas_bench.schedulers.registry import (
+    ABLATIONS,
+    BASELINES,
+    PEERS,
+    SCHEDULERS,
+    SGLANG_STOCK,
+)
 from topas_bench.workloads.registry import WORKLOADS, generate
 from topas_bench.workloads.trace import load_workload
 
@@ -528,14 +534,18 @@ def test_every_command_has_help_with_an_example(command: tuple[str, ...]) -> Non
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ("all", (*BASELINES, "topas")),
+        ("paper", (*BASELINES, "topas")),
+        ("peers", PEERS),
+        ("all", (*BASELINES, "topas", *PEERS)),
         ("baselines", BASELINES),
-        ("ablations", ("topas", "topas-base", "topas-no-reuse", "topas-no-aging")),
+        ("sglang", ("fcfs", "lpm", *SGLANG_STOCK)),
+        ("ablations", ("topas", *ABLATIONS)),
         ("everything", tuple(SCHEDULERS.names())),
         ("lpm, fcfs", ("lpm", "fcfs")),
-        ("all,topas-base", (*BASELINES, "topas", "topas-base")),
-        ("topas,all", ("topas", *BASELINES)),
+        ("paper,topas-base", (*BASELINES, "topas", "topas-base")),
+        ("topas,paper", ("topas", *BASELINES)),
         ("baselines,ablations", (*BASELINES, "topas", *ABLATIONS)),
+        ("paper,peers", (*BASELINES, "topas", *PEERS)),
     ],
 )
 def test_scheduler_groups(spec: str, expected: tuple[str, ...]) -> None:

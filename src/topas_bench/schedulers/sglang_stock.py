@@ -117,8 +117,10 @@ class RandomOrder(Stock):
 
 
 class RoutingKey(Stock):
-    """SGLang's `routing-key` with the agent as the key: agents most present in the running
-    batch first (`(0, -count, key)`), then the rest by key (`(1, 0, key)`); stable."""
+    """SGLang's `routing-key`, the agent as key: agents most present in the running batch first.
+
+    `_sort_by_routing_key`: `(0, -count, key)` for a key the running batch has, else
+    `(1, 0, key)`; a stable sort, nothing when the running batch has no key."""
 
     name = "routing-key"
     sglang_policy: ClassVar[str] = "routing-key"
@@ -137,8 +139,7 @@ class RoutingKey(Stock):
 
 
 class LPMSlru(LPM):
-    """`lpm` with SGLang's `slru` eviction: nodes hit `slru_protected_threshold` times outlive
-    the others."""
+    """`lpm` with SGLang's `slru` eviction: nodes hit twice (by default) outlive the others."""
 
     name = "lpm-slru"
     radix_eviction_policy: ClassVar[str] = "slru"

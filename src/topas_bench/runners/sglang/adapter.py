@@ -50,6 +50,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-
     MatchPrefixParams,
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore[import-not-found]
+from sglang.srt.runtime_context import get_memory  # type: ignore[import-not-found]
 
 from topas_bench.runners.sglang.guard import PolicyGuard
 from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
@@ -489,6 +490,13 @@ def make_scheduler_class(
                 self.enable_priority_scheduling, self.schedule_low_priority_values_first,
                 bridge=self.topas,
             )  # fmt: skip
+            want = self.topas.policy.radix_eviction_policy
+            have = get_memory().radix_eviction_policy
+            if str(have).lower() != want:
+                logger.warning(
+                    "topas: %s wants --radix-eviction-policy %s; the server runs %s",
+                    self.topas.policy.name, want, have,
+                )  # fmt: skip
             # The launcher waits for this line (stderr: whatever logging SGLang configured).
             print(f"topas: scheduler {self.topas.policy.name!r} installed", file=sys.stderr)
 
