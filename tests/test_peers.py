@@ -192,7 +192,7 @@ def test_lpm_aging_lets_a_cold_request_grow_past_fresh_hot_ones() -> None:
     # the oldest takes the FCFS slot each pass; distinct agents: no in-batch demotion
     oldest = req(0, 0.0, ("agent:o", 100), ("t0/in", 50))
     cold = req(1, 0.5, ("agent:c", 100), ("t1/in", 50))
-    for i in range(2):
+    for _ in range(2):
         order(policy, view([oldest, cold], hits={0: 0, 1: 0}))
     hot = req(5, 2.0)
     hits = {0: 0, 1: 0, 5: 140}
