@@ -271,6 +271,10 @@ def test_kvflow_keeps_the_prefix_of_the_agent_due_next() -> None:
     assert kvflow[("t1", "s2")]["cached_tokens"] == 800
 
 
+def prefetch(s: Any, agents: list[str]) -> None:
+    s.prefetcher.run(agents, s.prefix_tokens, s.now, lambda: s.free_tokens, s._evict_for)
+
+
 def test_kvflow_prefetch_loads_a_host_prefix_in_the_background() -> None:
     s = sim(kvflow_workload(), make_policy("kvflow"), kv_budget_tokens=3000,
             host_tier_tokens=10_000)  # fmt: skip
@@ -279,11 +283,14 @@ def test_kvflow_prefetch_loads_a_host_prefix_in_the_background() -> None:
     s.cache.evict(800)  # to the host tier
     assert s.cache.probe(key) == (0, 800)
     s.now = 1.0
-    s._prefetch(["Y"])
+    prefetch(s, ["Y"])
     assert s.cache.probe(key) == (800, 0)
     load = s.cost.host_load_s(800)
-    assert s.link_free_s == pytest.approx(1.0 + load)
-    assert all(n.ready_s == s.link_free_s for n in s.cache.device_path(key))
+    assert s.prefetcher.link_free_s == pytest.approx(1.0 + load)
+    assert all(n.ready_s == s.prefetcher.link_free_s for n in s.cache.device_path(key))
+    last = s.cache.device_path(key)[-1]
+    assert s.prefetcher.stall([last], 1.0) == pytest.approx(load)  # a prefill waits for it
+    assert s.prefetcher.stall([last], 2.0 + load) == 0.0
     s.cache.lock(s.cache.device_path(key)[-1])
     x = pieces([seg(agent_key("X"), 100)])
     s.cache.insert(x, 1)
@@ -292,7 +299,7 @@ def test_kvflow_prefetch_loads_a_host_prefix_in_the_background() -> None:
     s.cache.insert(filler, 0)
     s.cache.lock(s.cache.device_path(filler)[-1])
     assert s.free_tokens == 50 and s.cache.evictable_tokens == 0
-    s._prefetch(["X"])  # 100 tokens do not fit: it stops
+    prefetch(s, ["X"])  # 100 tokens do not fit: it stops
     assert s.cache.probe(x) == (0, 100)
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from topas_bench.runners.sim.admission import AddResult, PrefillAdder, running_o
 from topas_bench.runners.sim.calc_priority import QueuePass
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel
-from topas_bench.runners.sim.pins import ContextPins, set_prefix_priorities
+from topas_bench.runners.sim.pins import ContextPins, Prefetcher, set_prefix_priorities
 from topas_bench.runners.sim.radix import Match, Node, RadixCache
 from topas_bench.runners.sim.records import Recorder, SimResult
 from topas_bench.runners.sim.state import SimRequest, TaskRun
@@ -109,7 +109,7 @@ class Simulator:
         #: Requests finished in the last iteration, whose context the policy may keep.
         self.finished_pending: list[SimRequest] = []
         self._asks_ttl = type(policy).context_ttl is not Policy.context_ttl
-        self.link_free_s = 0.0  # when the host link finishes its last prefetch
+        self.prefetcher = Prefetcher(self.cache, cost.host_load_s)
         self.inbox: list[SimRequest] = []  # sent while the server was busy: not received yet
         self.agents_seen: set[str] = set()  # agents of the requests received so far
         self._ends: npt.NDArray[np.float64] | None = None  # step ends of the iteration run
@@ -346,8 +346,11 @@ class Simulator:
             self._keep(decision.keep_prefixes)
         if decision.prefix_priority is not None:
             set_prefix_priorities(self.cache, decision.prefix_priority, self.prefix_tokens)
-        if decision.prefetch:
-            self._prefetch(decision.prefetch)
+        if decision.prefetch and self.cfg.host_tier_tokens:
+            self.prefetcher.run(
+                decision.prefetch, self.prefix_tokens, self.now, lambda: self.free_tokens,
+                self._evict_for,
+            )  # fmt: skip
         return decision
 
     def _match_req(self, req: SimRequest) -> tuple[int, Node]:
@@ -426,36 +429,6 @@ class Simulator:
                 expires = self.now + ttl
                 self.contexts.pin(req.rid, req.context_node, req.task_id, expires, self._pin_room())
 
-    def _prefetch(self, agents: Sequence[str]) -> None:
-        """`Decision.prefetch` (KVFlow's overlapped prefetch): load the host-tier part of each
-        agent's prefix back to the GPU, in order, while the admission budget holds it (its GPU
-        ancestors locked while room is made); the host link carries the loads one after the
-        other, and a request that needs a node before its load ends waits for it."""
-        if not self.cfg.host_tier_tokens:
-            return
-        for agent in agents:
-            key = [(agent_key(agent), 0, self.prefix_tokens.get(agent, 0))]
-            path = self.cache.walk(key)
-            gpu = self.cache.device_path(key)
-            need = sum(n.tokens for n in path[len(gpu) :])
-            if not need:
-                continue
-            if need > self.free_tokens + self.cache.evictable_tokens:
-                return
-            if gpu:
-                self.cache.lock(gpu[-1])
-            self._evict_for(need)
-            if gpu:
-                self.cache.unlock(gpu[-1])
-            host = [n for n in self.cache.walk(key)[len(gpu) :] if not n.on_gpu]
-            need = sum(n.tokens for n in host)
-            if not host or need > self.free_tokens:
-                return
-            self.cache.load_back(host)
-            self.link_free_s = max(self.now, self.link_free_s) + self.cost.host_load_s(need)
-            for n in host:
-                n.ready_s = self.link_free_s
-
     def _match(self, key: list[Piece], limit: int | None = None) -> Match:
         return self.cache.match(key, limit)
 
@@ -513,8 +486,7 @@ class Simulator:
         items = [(a.cached_before, a.new_tokens) for a in adder.batch]
         load = sum(a.match.host_tokens for a in adder.batch if a.match is not None)
         dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
-        if self.link_free_s > self.now:  # a prefetch still loading what the batch reads
-            dur += self._prefetch_stall(adder)
+        dur += self.prefetcher.stall([a.req.lock_node for a in adder.batch], self.now)
         new = sum(a.new_tokens for a in adder.batch)
         self._ends_counter = (self.processed_tokens, new)
         self.processed_tokens += new
@@ -555,15 +527,6 @@ class Simulator:
         self._busy = True
         self._ends = ends
         self._push(float(ends[-1]), ITER, ("decode", durs, dur))
-
-    def _prefetch_stall(self, adder: PrefillAdder) -> float:
-        ready = 0.0
-        for adm in adder.batch:
-            n: Node | None = adm.req.lock_node
-            while n is not None:
-                ready = max(ready, n.ready_s)
-                n = n.parent
-        return max(0.0, ready - self.now)
 
     def _row(
         self, kind: str, dur: float, steps: int, batch: list[SimRequest], new: int

@@ -8,7 +8,7 @@ the simulator has.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from topas_bench.runners.sim.radix import Node, RadixCache
@@ -82,3 +82,58 @@ def set_prefix_priorities(
                 best[id(node)] = (node, p)
     for node, priority in best.values():
         node.priority = priority
+
+
+class Prefetcher:
+    """`Decision.prefetch` (KVFlow's overlapped prefetch): the host-tier part of each agent's
+    prefix goes back to the GPU, in order, while the admission budget holds it (its GPU
+    ancestors locked while room is made; the first that does not fit stops it, as KVFlow's
+    `load_back(check_reserve=True)`). The host link carries the loads one after the other; a
+    prefill reading a node before its load ends waits for it (`stall`)."""
+
+    def __init__(self, cache: RadixCache, load_s: Callable[[int], float]) -> None:
+        self.cache = cache
+        self.load_s = load_s
+        self.link_free_s = 0.0  # when the link finishes its last load
+
+    def run(
+        self,
+        agents: Sequence[str],
+        prefix_tokens: Mapping[str, int],
+        now_s: float,
+        free: Callable[[], int],
+        evict_for: Callable[[int], None],
+    ) -> None:
+        cache = self.cache
+        for agent in agents:
+            key = [(agent_key(agent), 0, prefix_tokens.get(agent, 0))]
+            gpu = cache.device_path(key)
+            need = sum(n.tokens for n in cache.walk(key)[len(gpu) :])
+            if not need:
+                continue
+            if need > free() + cache.evictable_tokens:
+                return
+            if gpu:
+                cache.lock(gpu[-1])
+            evict_for(need)
+            if gpu:
+                cache.unlock(gpu[-1])
+            host = [n for n in cache.walk(key)[len(gpu) :] if not n.on_gpu]
+            need = sum(n.tokens for n in host)
+            if not host or need > free():
+                return
+            cache.load_back(host)
+            self.link_free_s = max(now_s, self.link_free_s) + self.load_s(need)
+            for n in host:
+                n.ready_s = self.link_free_s
+
+    def stall(self, last_nodes: Iterable[Node | None], now_s: float) -> float:
+        """Seconds a prefill reading the paths ending at `last_nodes` waits for prefetches."""
+        if self.link_free_s <= now_s:
+            return 0.0
+        ready = 0.0
+        for n in last_nodes:
+            while n is not None:
+                ready = max(ready, n.ready_s)
+                n = n.parent
+        return max(0.0, ready - now_s)
