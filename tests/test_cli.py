@@ -475,9 +475,12 @@ def test_workloads_validate_lists_every_problem(tmp_path: Path) -> None:
 # -- schedulers and presets ----------------------------------------------------------------------
 def test_schedulers_list() -> None:
     out = text(ok("schedulers", "list"))
+    group = {n: "paper" for n in (*BASELINES, "topas")} | {n: "peer" for n in PEERS}
+    group |= {n: "ablation" for n in ABLATIONS}
     for name in SCHEDULERS.names():
-        assert f"│ {name} │ {'yes' if name in BASELINES else ''}" in out
-    assert "│ fcfs │ yes │ First come, first served: the queue as it stands" in out
+        assert f"│ {name} │ {group.get(name, '')}" in out
+    assert "│ fcfs │ paper │ First come, first served: the queue as it stands" in out
+    assert "│ kvflow │ peer │ FCFS admission; eviction by steps-to-execution" in out
 
 
 def test_presets_list() -> None:
