@@ -159,6 +159,11 @@ class Bridge:
         skipped."""
         core = getattr(self.tree_cache, "tree_core", None)
         best: dict[int, tuple[Any, int]] = {}
+        # a policy's nonsense (a non-integer priority) is dropped, never raised in the server
+        priorities = {
+            a: p for a, p in priorities.items()
+            if isinstance(a, str) and isinstance(p, int) and not isinstance(p, bool)
+        }  # fmt: skip
         try:
             for agent in sorted(priorities):
                 ids = self.tracker.agent_prefixes.get(agent)
