@@ -71,8 +71,10 @@ def run(
         typer.Option(
             "--scheduler",
             "-s",
-            help="`all` (baselines + topas), `baselines`, `ablations`, `everything`, names, or a "
-            "comma-separated mix (all,topas-base).",
+            help="`paper` (the paper's five baselines + topas), `peers` (the schedulers the "
+            "paper left out: kvflow, continuum, lpm-aging, stock SGLang's), `all` (paper + "
+            "peers), `baselines`, `sglang`, `ablations`, `everything`, names, or a "
+            "comma-separated mix (paper,topas-base).",
         ),
     ] = "all",
     rate: Annotated[

@@ -67,7 +67,8 @@ def sweep(
         typer.Option(
             "--scheduler",
             "-s",
-            help="`all`, `baselines`, `ablations`, `everything`, or a,b,c (default: all).",
+            help="`paper`, `peers`, `all`, `baselines`, `sglang`, `ablations`, `everything`, "
+            "or a,b,c (default: all).",
         ),
     ] = None,
     load: Annotated[

@@ -20,7 +20,14 @@ from topas_bench.runners.engines import ENGINES
 from topas_bench.runners.sim.config import LengthHint, SimConfig
 from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS, make_policy
+from topas_bench.schedulers.registry import (
+    ABLATIONS,
+    BASELINES,
+    PEERS,
+    SCHEDULERS,
+    SGLANG_STOCK,
+    make_policy,
+)
 from topas_bench.workloads.model import Stage, Workload
 from topas_bench.workloads.registry import generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
@@ -33,15 +40,20 @@ CAPACITY_BISECTIONS = 7
 
 #: Named groups accepted by `--scheduler`.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "all": (*BASELINES, "topas"),
+    "paper": (*BASELINES, "topas"),
+    "peers": PEERS,
+    "all": (*BASELINES, "topas", *PEERS),
     "baselines": BASELINES,
+    "sglang": ("fcfs", "lpm", *SGLANG_STOCK),
     "ablations": ("topas", *ABLATIONS),
 }
 
 
 def parse_schedulers(spec: str) -> tuple[str, ...]:
-    """Comma-separated scheduler names and groups (`all` = the paper's baselines + topas,
-    `baselines`, `ablations`, `everything` = every registered policy), e.g. `all,topas-base`."""
+    """Comma-separated scheduler names and groups (`paper` = the paper's five baselines +
+    topas, `peers` = the schedulers the paper left out, `all` = both, `baselines`, `sglang` =
+    stock SGLang's policies, `ablations`, `everything` = every registered policy), e.g.
+    `paper,topas-base`."""
     names: list[str] = []
     explicit: set[str] = set()
     for item in (n.strip() for n in spec.split(",")):

@@ -143,15 +143,17 @@ def print_workload(console: Console, w: Workload) -> None:
 
 
 def print_schedulers(console: Console) -> None:
-    from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
+    from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, SCHEDULERS
 
-    table = Table(title="schedulers", title_justify="left")
+    groups = {n: "paper" for n in (*BASELINES, "topas")}
+    groups |= {n: "ablation" for n in ABLATIONS} | {n: "peer" for n in PEERS}
+    table = Table(title="schedulers (docs/schedulers.md)", title_justify="left")
     table.add_column("name")
-    table.add_column("paper baseline")
+    table.add_column("group")
     table.add_column("description")
     for name in SCHEDULERS:
         doc = (SCHEDULERS.get(name).__doc__ or "").strip().splitlines()
-        table.add_row(name, "yes" if name in BASELINES else "", doc[0] if doc else "")
+        table.add_row(name, groups.get(name, ""), doc[0] if doc else "")
     console.print(table)
 
 
