@@ -187,6 +187,17 @@ class Simulator:
     def _push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
+    def _next_event_s(self) -> float | None:
+        """When the next event of the run happens (None: none is due); an idle server with
+        waiting requests and nothing due is stuck."""
+        return self._heap[0][0] if self._heap else None
+
+    def _run_horizon_s(self) -> float | None:
+        """The next moment a request may reach the server, where a closed-form run of decode
+        steps must stop (None: no bound). One server: the next event of the run. A replica of
+        a cluster (`runners.cluster.replica`) answers for itself."""
+        return self._next_event_s()
+
     def _arrive(self, task: Task) -> None:
         run = TaskRun(task)
         self.tasks[task.id] = run
@@ -233,7 +244,7 @@ class Simulator:
         if self.running:
             self._start_decode()
             return
-        if self.waiting and not self._heap:
+        if self.waiting and self._next_event_s() is None:
             raise SimulationError(
                 f"scheduler {self.policy.name!r} admitted nothing while the server was idle "
                 f"and {len(self.waiting)} requests waited"
@@ -515,8 +526,9 @@ class Simulator:
             k = max(min(k, (self.free_tokens + self.cache.evictable_tokens) // b), 1)
         durs = self.cost.decode_steps_s(b, ctx, k)
         ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
-        if k > 1 and self._heap and not self.batch_is_full:
-            k = min(k, int(ends.searchsorted(self._heap[0][0], side="left")) + 1)
+        nxt = self._run_horizon_s()
+        if k > 1 and nxt is not None and not self.batch_is_full:
+            k = min(k, int(ends.searchsorted(nxt, side="left")) + 1)
         return durs[:k], ends[:k]
 
     def _retract(self) -> None:
