@@ -118,6 +118,16 @@ class ServiceEstimator:
         keep = (1.0 - self._alpha) ** steps
         self._tpot_s = keep * self._tpot_s + (1.0 - keep) * step_s
 
+    def observe_decode_steps(self, steps_s: Sequence[float]) -> None:
+        """`observe_decode(s, 1)` for each step duration in order, in one call (the same
+        arithmetic, step by step)."""
+        keep = (1.0 - self._alpha) ** 1
+        rest = 1.0 - keep
+        tpot = self._tpot_s
+        for s in steps_s:
+            tpot = keep * tpot + rest * s
+        self._tpot_s = tpot
+
     def residual_tokens(
         self, agent: str, kind: str, generated: int, key: tuple[str, str] | None = None
     ) -> float:

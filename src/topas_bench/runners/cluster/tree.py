@@ -85,13 +85,14 @@ class TokenUnits:
         return first_token(s[0])
 
     def common(self, a: Sequence[Piece], b: Sequence[Piece]) -> int:
-        return common(a, b, min(length(a), length(b)))
+        return common(a, b, _NO_LIMIT)  # it stops at the end of either
 
     def split(self, s: Sequence[Piece], n: int) -> tuple[Sequence[Piece], Sequence[Piece]]:
         head, tail = take(s, n)
         return tuple(head), tuple(tail)
 
 
+_NO_LIMIT = 1 << 62
 TEXT = TextUnits()
 TOKENS = TokenUnits()
 
@@ -126,12 +127,11 @@ class ApproxTree(Generic[S]):
         u = self.units
         self.root.tenants.setdefault(tenant, 0)
         self.size.setdefault(tenant, 0)
-        rest, prev = seq, self.root
-        while u.length(rest):
+        rest, prev, n = seq, self.root, u.length(seq)
+        while n:
             key = u.first(rest)
             child = prev.children.get(key)
             if child is None:  # the rest becomes a leaf of this tenant
-                n = u.length(rest)
                 leaf = _Node(rest, n, prev, tenant)
                 self.size[tenant] += n
                 leaf.tenants[tenant] = self._tick()
@@ -149,14 +149,14 @@ class ApproxTree(Generic[S]):
             if tenant not in child.tenants:
                 self.size[tenant] += child.n
                 child.tenants[tenant] = 0
-            prev, rest = child, u.split(rest, shared)[1]
+            prev, rest, n = child, u.split(rest, shared)[1], n - shared
         prev.tenants[tenant] = self._tick()
 
     def prefix_match(self, seq: S) -> tuple[int, int | None]:
         """(matched units, tenant of the deepest matched node; None if it has no tenant)."""
         u = self.units
-        rest, prev, matched = seq, self.root, 0
-        while u.length(rest):
+        rest, prev, matched, n = seq, self.root, 0, u.length(seq)
+        while matched < n:
             child = prev.children.get(u.first(rest))
             if child is None:
                 break
@@ -176,7 +176,10 @@ class ApproxTree(Generic[S]):
         return matched, tenant
 
     def evict(self, max_size: int) -> None:
-        """`evict_tenant_by_size`: shrink every tenant above `max_size` units, LRU leaves first."""
+        """`evict_tenant_by_size`: shrink every tenant above `max_size` units, LRU leaves first.
+        (With every tenant within the limit the walk would remove nothing, so it is skipped.)"""
+        if all(size <= max_size for size in self.size.values()):
+            return
         heap: list[tuple[int, int, int, _Node]] = []
         order = 0
         stack = [self.root]

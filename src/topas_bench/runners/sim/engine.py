@@ -631,8 +631,8 @@ class Simulator:
             req.generated += steps
             req.service_s += dur
             req.task.attained_s += dur
-        for d in durs:  # step by step, as the plugin observes a real server's steps
-            self.estimator.observe_decode(float(d), 1)
+        # step by step, as the plugin observes a real server's steps
+        self.estimator.observe_decode_steps(durs.tolist())
         finished = [r for r in self.running if r.remaining_output <= 0]
         if finished:
             self.running = [r for r in self.running if r.remaining_output > 0]
