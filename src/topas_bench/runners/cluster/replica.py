@@ -69,6 +69,7 @@ class Replica(Simulator):
         self._rids = hub.rids
         self.estimator = estimator
         self.busy_s = 0.0  # seconds of iterations
+        self.cuts = 0  # decode runs cut short by a routed request
         self._iter_seq = -1  # the heap entry of the iteration in flight (older ones are stale)
         self._decoding = False
         self._run: tuple[float, float, npt.NDArray[np.float64]] = (0.0, 0.0, np.empty(0))
@@ -141,6 +142,7 @@ class Replica(Simulator):
         if drop <= 0:
             return
         start, ratio, durs = self._run
+        self.cuts += 1
         b = len(self.running)
         self.private_tokens -= b * drop
         for req in self.running:
