@@ -136,6 +136,13 @@ def run(
     server_python: Annotated[
         str | None, typer.Option(help="sglang: interpreter with SGLang (default: this one).")
     ] = None,
+    router_python: Annotated[
+        str | None,
+        typer.Option(
+            help="sglang --replicas: interpreter with sglang-router 0.3.2 (default: "
+            ".venvs/sglang-router, `make router-env`)."
+        ),
+    ] = None,
     replicas: Annotated[
         int | None,
         typer.Option(
@@ -187,7 +194,7 @@ def run(
         raise TopasError(f"--length-hint must be `none` or `oracle`, got {length_hint!r}")
     if engine != "sglang":
         given = {"--model": model, "--endpoint": endpoint, "--sglang-arg": sglang_arg,
-                 "--server-python": server_python}  # fmt: skip
+                 "--server-python": server_python, "--router-python": router_python}  # fmt: skip
         for flag, value in given.items():
             if value:
                 raise TopasError(
@@ -244,7 +251,7 @@ def run(
         from topas_bench.runners.sglang.runner import options
         from topas_bench.runners.sglang.runner import print_plan as print_sglang_plan
 
-        plan = options(plan, model, endpoint, sglang_arg or [], server_python)
+        plan = options(plan, model, endpoint, sglang_arg or [], server_python, router_python)
         print_sglang_plan(out, plan)
     else:
         print_plan(out, plan)

@@ -90,7 +90,8 @@ def plan_run(
 
     `replicas` (with `router`, default `routers.DEFAULT_ROUTER`, and `router_params`) runs the
     plan on a cluster of that many servers (`runners.cluster`). A load, and the workload's
-    default rate, are then per replica: the Poisson rate is N times a single server's."""
+    default rate, are then per replica: the Poisson rate is N times a single server's (a trace
+    file still keeps its own arrival times)."""
     ENGINES.get(engine)  # an unknown engine: raises with the known names
     cluster = cluster_config(replicas, router, router_params)
     if cluster is not None and engine == "sglang-cpu":
@@ -118,7 +119,9 @@ def plan_run(
         capacity = measure_capacity(workload, tuple(sorted(wparams.items())), pre, budget)
         rate = load * capacity * scale
     else:
-        rate = rate_per_s if rate_per_s is not None else run_defaults(workload, wparams)[1] * scale
+        own = workload == "trace"  # a trace file keeps its own arrival times
+        default = run_defaults(workload, wparams)[1] * (1 if own else scale)
+        rate = rate_per_s if rate_per_s is not None else default
     sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
     for name in sparams:
         if name not in schedulers:

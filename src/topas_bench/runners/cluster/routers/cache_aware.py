@@ -46,7 +46,7 @@ class CacheAware(Router):
         cache_threshold: float = 0.3
         balance_abs_threshold: int = 64
         balance_rel_threshold: float = 1.5
-        eviction_interval_secs: float = 60.0
+        eviction_interval_secs: int = 60
         max_tree_size: int = 2**26
 
         def __post_init__(self) -> None:
@@ -54,7 +54,7 @@ class CacheAware(Router):
             check_number(r, "cache_threshold", self.cache_threshold, 0.0, integer=False)
             check_number(r, "balance_abs_threshold", self.balance_abs_threshold, 0, integer=True)
             check_number(r, "balance_rel_threshold", self.balance_rel_threshold, 0, integer=False)
-            check_number(r, "eviction_interval_secs", self.eviction_interval_secs, 0, integer=False)
+            check_number(r, "eviction_interval_secs", self.eviction_interval_secs, 0, integer=True)
             check_number(r, "max_tree_size", self.max_tree_size, 0, integer=True)
 
     def __init__(self, cluster: Cluster, params: Any = None, units: Units[Any] = TOKENS) -> None:
@@ -66,16 +66,26 @@ class CacheAware(Router):
         interval = float(self.p.eviction_interval_secs)
         self._next_eviction_s = interval if interval > 0 else math.inf
         self.hits = self.misses = self.spills = 0
+        self.last_match = -1  # units the latest decision matched (-1: decided on load alone)
 
     def choose(self, req: Route, now_s: float) -> int:
+        k = self.decide(req, now_s)
+        self.tree.insert(req.key, k)
+        return k
+
+    def decide(self, req: Route, now_s: float) -> int:
+        """The worker for `req`; the tree learns of it only through `choose` (a replay against
+        the real router inserts the worker that router chose instead, `replay.agreement`)."""
         self._evict_due(now_s)
         loads, p = self.loads, self.p
         if self.imbalanced(max(loads), min(loads), p.balance_abs_threshold,
                            p.balance_rel_threshold):  # fmt: skip
             k = self.least_loaded()
             self.spills += 1
+            self.last_match = -1
         else:
             matched, tenant = self.tree.prefix_match(req.key)
+            self.last_match = matched
             total = self.tree.units.length(req.key)
             rate = np.float32(matched) / np.float32(total) if total else np.float32(0.0)
             if rate > self._threshold and tenant is not None:
@@ -84,7 +94,6 @@ class CacheAware(Router):
             else:
                 k = self.least_loaded()
                 self.misses += 1
-        self.tree.insert(req.key, k)
         return k
 
     def _evict_due(self, now_s: float) -> None:
