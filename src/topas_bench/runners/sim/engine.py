@@ -118,6 +118,7 @@ class Simulator:
         self._refresh_calls = 0
         self._on_task_done = on_task_done
         self._done_tasks = 0
+        self._resident: tuple[int, str] = (-1, "")  # (cache version, resident agents)
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -484,10 +485,12 @@ class Simulator:
         if not self.rec.timeline_on:
             return None
         cache = self.cache
-        resident = "|".join(
-            a.name for a in self.workload.agents
-            if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
-        )  # fmt: skip
+        if self._resident[0] != cache.version:  # GPU residency changes bump the version
+            self._resident = (cache.version, "|".join(
+                a.name for a in self.workload.agents
+                if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
+            ))  # fmt: skip
+        resident = self._resident[1]
         used = cache.gpu_tokens + self.private_tokens
         return (
             self.now, kind, steps, dur, len(batch), new, used, cache.gpu_tokens,
