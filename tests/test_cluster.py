@@ -241,3 +241,33 @@ def test_sweep_over_replicas_and_routers(tmp_path: Path) -> None:
                     (2, "workflow-aware")}  # fmt: skip
     with pytest.raises(TopasError, match="need `replicas`"):
         SweepSpec(workloads=("dag4",), schedulers=("fcfs",), routers=("round-robin",))
+
+
+@pytest.mark.slow
+def test_cluster_sweep_on_ray(tmp_path: Path) -> None:
+    """Cluster cells on a local Ray cluster: the same cells, and results, as in this process."""
+    import subprocess
+    import sys
+
+    ray = pytest.importorskip("ray", reason="the `ray` extra (make test installs it)")
+    from topas_bench.analysis.collect import collect
+
+    flags = ["sweep", "-w", "metagpt-tl", "-s", "fcfs", "-n", "24", "--replicas", "2,4",
+             "--router", "cache-aware,workflow-aware"]  # fmt: skip
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        address = ray.get_runtime_context().gcs_address
+        cli = [sys.executable, "-c", "from topas_bench.cli import main; main()"]
+        done = subprocess.run(
+            [*cli, *flags, "--executor", "ray", "--address", address, "--out", str(tmp_path / "r")],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "4 cells: 4 ran, 0 already finished, 0 failed" in done.stdout
+    finally:
+        ray.shutdown()
+    local = CliRunner().invoke(app, [*flags, "-j", "1", "--out", str(tmp_path / "l")])
+    assert local.exit_code == 0, local.output
+    cols = ["group", "scheduler", "seed", "workload_digest", "mean_jct_s", "p99_jct_s"]
+    on_ray, here = collect(tmp_path / "r").runs, collect(tmp_path / "l").runs
+    assert len(on_ray) == 4 and on_ray[cols].equals(here[cols])
