@@ -271,3 +271,32 @@ def test_cluster_sweep_on_ray(tmp_path: Path) -> None:
     cols = ["group", "scheduler", "seed", "workload_digest", "mean_jct_s", "p99_jct_s"]
     on_ray, here = collect(tmp_path / "r").runs, collect(tmp_path / "l").runs
     assert len(on_ray) == 4 and on_ray[cols].equals(here[cols])
+
+
+def test_cluster_figure_and_table(tmp_path: Path) -> None:
+    """`figures` draws JCT against replicas and writes its numbers: the report's, per router."""
+    from topas_bench.analysis.collect import collect
+    from topas_bench.analysis.report import build_report
+    from topas_bench.sweep.run import run_sweep
+    from topas_bench.sweep.spec import SweepSpec
+
+    spec = SweepSpec(
+        workloads=("dag4",), schedulers=("fcfs", "lpm"), num_tasks=8, replicas=(1, 2),
+        routers=("round-robin", "cache-aware"), tasks_per_replica=True, seeds=(0, 1),
+    )  # fmt: skip
+    run_sweep([spec], tmp_path / "runs", jobs=1)
+    res = CliRunner().invoke(app, ["figures", str(tmp_path / "runs"), "--out", str(tmp_path / "f")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "f" / "cluster_jct_vs_replicas.png").is_file()
+    table = pd.read_csv(tmp_path / "f" / "cluster.csv")
+    assert len(table) == 2 * 2 * 2  # routers x replicas x schedulers
+    rep = build_report(collect(tmp_path / "runs"))
+    row = table[(table["router"] == "cache-aware") & (table["replicas"] == 2)
+                & (table["scheduler"] == "lpm")].iloc[0]  # fmt: skip
+    want = rep.rows[rep.rows["group"].str.contains('"router": "cache-aware"')
+                    & rep.rows["group"].str.contains('"replicas": 2')
+                    & (rep.rows["scheduler"] == "lpm")].iloc[0]  # fmt: skip
+    assert row["mean_jct_s"] == pytest.approx(want["mean_jct_s"], rel=1e-5)
+    assert row["n_seeds"] == 2 and 0.5 <= row["busiest_share"] <= 1.0
+    one = table[table["replicas"] == 1]
+    assert (one["busiest_share"] == 1.0).all()
