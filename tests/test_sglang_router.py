@@ -5,7 +5,7 @@ same request stream is replayed through the simulated cache-aware router (`runne
 replay`): with the router's own registry order and its in-flight counts as the worker clocks
 saw them, every decision outside the ambiguity window must be the real router's.
 
-The stub workers (tests/stub_sglang.py) stand in for `python -m sglang.launch_server`: the
+The stub workers (`runners.sglang.stub_worker`) stand in for `python -m sglang.launch_server`: the
 launcher starts them as it would start SGLang. Every process is started by the launcher and
 stopped by pid when the cell ends.
 """
@@ -27,18 +27,20 @@ from typer.testing import CliRunner
 from topas_bench.cli import app
 from topas_bench.runners.cluster.replay import Observed, agreement
 from topas_bench.runners.cluster.tree import TOKENS
+from topas_bench.runners.sglang.stub_worker import shim
 from topas_bench.workloads.model import Workload
 from topas_bench.workloads.pieces import pieces
 from topas_bench.workloads.registry import generate
 from topas_bench.workloads.trace import dump_workload
 
 REPO = Path(__file__).resolve().parent.parent
-WPARAMS = {"prefix_tokens": 300, "input_tokens": 30, "output_tokens": 60, "delay_s": 0.4}
-#: Bursts of three tasks 120 ms apart, bursts 3.2 s apart. Each request takes 60 tokens x 10 ms
-#: at its stub worker (about 0.65 s) and its successor comes 400 ms after it ends: within a
+WPARAMS = {"prefix_tokens": 300, "input_tokens": 30, "output_tokens": 100, "delay_s": 0.2}
+#: Bursts of three tasks 450 ms apart, bursts 5 s apart. Each request takes 100 tokens x 10 ms
+#: at its stub worker (about 1.05 s) and its successor comes 200 ms after it ends: within a
 #: burst, a stage's three requests overlap (so a balance threshold of 1 spills the third), and
-#: most routing decisions lie clear of any other event (`replay.agreement`'s windows).
-BURSTS, PER_BURST, GAP_S, BURST_S = 8, 3, 0.12, 3.2
+#: every event is meant to lie 100 ms or more from the others, clear of `replay.agreement`'s
+#: windows (a busy machine shifts some into them: those decisions are left out).
+BURSTS, PER_BURST, GAP_S, BURST_S = 6, 3, 0.45, 5.0
 
 pytestmark = pytest.mark.slow
 
@@ -66,13 +68,10 @@ def router_env() -> Path:
 def stubs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A directory whose `sglang.launch_server` is the stub worker, first on PYTHONPATH; the
     workers log every completion into `<tmp>/stub-logs`."""
-    pkg = tmp_path / "stubpkg" / "sglang"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    shutil.copy(Path(__file__).parent / "stub_sglang.py", pkg / "launch_server.py")
+    shimmed = shim(tmp_path / "stubpkg")
     logs = tmp_path / "stub-logs"
     logs.mkdir()
-    monkeypatch.setenv("PYTHONPATH", f"{pkg.parent}:{REPO / 'src'}")
+    monkeypatch.setenv("PYTHONPATH", f"{shimmed}:{REPO / 'src'}")
     monkeypatch.setenv("STUB_LOG_DIR", str(logs))
     monkeypatch.setenv("STUB_TOKEN_S", "0.01")
     return logs
@@ -85,18 +84,29 @@ def _run(out: Path, router_python: Path, trace: Path, *extra: str) -> Any:
     return CliRunner().invoke(app, args)
 
 
-def _stream(logs: Path, meta: dict[str, Any], w: Workload, units: str) -> list[Observed]:
+def _stream(logs: Path, cell: Path, w: Workload, units: str) -> list[Observed]:
+    """The requests in the order the client sent them, on the client's clock (`sent_s` to
+    `finish_s`), each with the worker its stub log names and the text it logged."""
+    meta = json.loads((cell / "run.json").read_text())
     urls = [r["url"] for r in meta["cluster"]["per_replica"]]
-    rows = [json.loads(x) for f in sorted(logs.glob("*.jsonl")) for x in f.read_text().splitlines()]
-    rows.sort(key=lambda r: r["t_recv"])
+    logged = {
+        (r["task"], r["stage"]): r
+        for f in sorted(logs.glob("*.jsonl"))
+        for r in map(json.loads, f.read_text().splitlines())
+    }
+    req = pd.read_parquet(cell / "requests.parquet").sort_values("sent_s")
     stage = {(t.id, s.id): s for t, s in w.stages()}
-
-    def key(r: dict[str, Any]) -> Any:
-        if units == "text":
-            return r["prompt"]
-        return tuple(pieces(stage[(r["task"], r["stage"])].prompt))
-
-    return [Observed(key(r), urls.index(r["worker"]), r["t_recv"], r["t_done"]) for r in rows]
+    out = []
+    for r in req.itertuples():
+        log = logged[(r.task_id, r.stage_id)]
+        key = (
+            log["prompt"]
+            if units == "text"
+            else tuple(pieces(stage[(r.task_id, r.stage_id)].prompt))
+        )
+        assert urls.index(log["worker"]) == r.replica  # the answer named the worker that logged it
+        out.append(Observed(key, int(r.replica), float(r.sent_s), float(r.finish_s)))
+    return out
 
 
 def _chars(text: str, tokens: int) -> int:
@@ -125,6 +135,7 @@ def test_real_router_matches_the_simulated_one(
         assert (cell / name).is_file()
     req = pd.read_parquet(cell / "requests.parquet")
     assert len(req) == BURSTS * PER_BURST * 3 and (req["status"] == "ok").all()
+    assert (req["sent_s"] >= req["ready_s"]).all() and (req["sent_s"] < req["first_token_s"]).all()
     assert set(req["replica"]) <= {0, 1, 2} and (req["replica"] >= 0).all()  # stubs name it
     tasks = pd.read_parquet(cell / "tasks.parquet")
     assert tasks["replicas_used"].between(1, 3).all()
@@ -132,23 +143,23 @@ def test_real_router_matches_the_simulated_one(
     assert sum(served.values()) == len(req)
     # the decision-by-decision replay: characters, as the real router matches
     params = {} if abs_threshold is None else {"balance_abs_threshold": abs_threshold}
-    stream = _stream(stubs, meta, w, "text")
+    stream = _stream(stubs, cell, w, "text")
     assert len(stream) == len(req)
     order = cluster["registry_order"]
     got = agreement(stream, 3, order, params)
     assert got.decisions == len(req)
-    assert got.clear >= 0.6 * got.decisions, got  # the bursts leave most decisions clear
+    assert got.clear >= 0.5 * got.decisions, got  # the bursts leave most decisions clear
     assert got.differ == [], got
-    # with every load below the threshold, sglang-router keeps the whole stream on the first
-    # worker of its registry: each miss finds all loads equal, each hit its owner; a threshold
-    # of 1 spills the third request of a burst to the least-loaded worker
-    workers = {o.worker for o in stream}
-    assert workers == {order[0]} if abs_threshold is None else len(workers) >= 2
+    # below the balance threshold sglang-router never spills: every agent's calls stay on the
+    # worker its first call went to (chain3: stage s<i> is agent i); a threshold of 1 spills
+    # the third call of a burst to the least-loaded worker
+    per_agent = req.groupby("stage_id")["replica"].nunique()
+    assert (per_agent == 1).all() if abs_threshold is None else (per_agent > 1).any()
     # and in tokens, as the simulator matches: the workload's segments, no text. The one
     # difference (docs/cluster.md): the real router's match can run a few characters past the
     # shared segments (two different words may begin alike), into a node another request made,
     # whose worker it then returns; in tokens the match stops at the segment's end.
-    tokens = agreement(_stream(stubs, meta, w, "tokens"), 3, order, params, units=TOKENS)
+    tokens = agreement(_stream(stubs, cell, w, "tokens"), 3, order, params, units=TOKENS)
     assert tokens.rate >= 0.85, tokens
     for i, _, _ in tokens.differ:
         assert got.matched[i] > _chars(stream[i].key, tokens.matched[i]), (i, tokens)

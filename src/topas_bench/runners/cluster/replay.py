@@ -7,13 +7,14 @@ same text with the same state the real one had, then learns the real choice, not
 tree gets the text under the real worker, the load counts the real worker), so one
 disagreement cannot cascade into the next and each decision is checked on its own.
 
-Events are ordered by the workers' clock: a request is counted in flight from when its worker
-received it until its worker finished it. The real router decided somewhat before the worker
-received (up to `decide_lead_s` on a busy machine: the proxy connects, the worker's thread
-starts) and counted the request out somewhat after the worker finished (`release_lag_s`). A
-decision whose window overlaps another event's window may have come before or after that event
-at the router: it is counted apart (`Agreement.ambiguous`) and left out of the match rate (it is
-still replayed, with the real choice learnt).
+Each request is counted in flight from `routed_s` to `released_s`, on one clock: the client's
+(when it sent the request and when its answer ended: the router routes it right after it
+arrives and counts it out as it passes the last of the answer on) or the workers' (when the
+worker received and finished it: later than the router's decision by the proxy's own delay,
+which a busy machine can stretch). `route_window` and `release_window` bound, around those
+times, when the router really acted; a decision whose window overlaps another event's may have
+come before or after that event at the router: it is counted apart (`Agreement.ambiguous`) and
+left out of the match rate (it is still replayed, with the real choice learnt).
 """
 
 from __future__ import annotations
@@ -32,12 +33,19 @@ from topas_bench.runners.cluster.tree import TEXT, Units
 @dataclass(frozen=True)
 class Observed:
     """One request of the stream: its routing key (text, or token runs), the worker that
-    served it (replica index), and when that worker received and finished it (seconds)."""
+    served it (replica index), and when it was routed and released (seconds, one clock)."""
 
     key: Any
     worker: int
-    received_s: float
-    finished_s: float
+    routed_s: float
+    released_s: float
+
+
+#: (seconds before, seconds after) the observed time in which the router acted: on the client's
+#: clock (it routes right after the client sends; counts out just before the client's end).
+CLIENT_WINDOWS = ((0.0, 0.05), (0.05, 0.0))
+#: on the workers' clock (it routed before the worker received; counted out after it ended).
+WORKER_WINDOWS = ((0.1, 0.0), (0.0, 0.05))
 
 
 @dataclass
@@ -66,22 +74,22 @@ def agreement(
     params: dict[str, Any] | None = None,
     *,
     units: Units[Any] = TEXT,
-    decide_lead_s: float = 0.1,
-    release_lag_s: float = 0.05,
+    windows: tuple[tuple[float, float], tuple[float, float]] = CLIENT_WINDOWS,
 ) -> Agreement:
     """How many of the real router's decisions the simulated cache-aware router makes too."""
     cluster = Cluster(replicas, order=tuple(order))
     router = CacheAware(cluster, parse_params(CacheAware, params or {}), units=units)
     events = sorted(
-        [(o.received_s, 1, i) for i, o in enumerate(stream)]
-        + [(o.finished_s, 0, i) for i, o in enumerate(stream)]
-    )  # at one instant, a finish first: the worker was free before the next request came
-    recv = np.array([o.received_s for o in stream])
-    done = np.array([o.finished_s for o in stream])
-    starts = np.concatenate([recv - decide_lead_s, done])  # each event's window at the router
-    ends = np.concatenate([recv, done + release_lag_s])
+        [(o.routed_s, 1, i) for i, o in enumerate(stream)]
+        + [(o.released_s, 0, i) for i, o in enumerate(stream)]
+    )  # at one instant, a release first: the worker was free before the next request came
+    (rb, ra), (lb, la) = windows
+    routed = np.array([o.routed_s for o in stream])
+    released = np.array([o.released_s for o in stream])
+    starts = np.concatenate([routed - rb, released - lb])  # each event's window at the router
+    ends = np.concatenate([routed + ra, released + la])
     out = Agreement(matched=[-1] * len(stream))
-    t0 = float(recv.min()) if len(recv) else 0.0
+    t0 = float(routed.min()) if len(routed) else 0.0
     for t, kind, i in events:
         o = stream[i]
         if kind == 0:
@@ -93,7 +101,7 @@ def agreement(
         router.tree.insert(o.key, o.worker)
         router.loads[o.worker] += 1
         out.decisions += 1
-        overlaps = int(((starts < t) & (ends > t - decide_lead_s)).sum()) - 1  # not itself
+        overlaps = int(((starts <= t + ra) & (ends >= t - rb)).sum()) - 1  # not itself
         if overlaps > 0:
             out.ambiguous += 1
         elif simulated == o.worker:

@@ -89,6 +89,8 @@ class RequestRecord:
     attempts: int
     #: the base URL of the server that answered, when its answer names it (`system_fingerprint`)
     served_by: str = ""
+    #: when the answered attempt was sent (after the client's own queue and prompt check)
+    sent_s: float = NAN
 
     def row(self) -> tuple[Any, ...]:
         """In `REQUEST_COLUMNS` order."""
@@ -238,6 +240,7 @@ class WorkflowClient:
         usage: Any = None
         pieces = 0
         served_by = ""
+        sent = self.now()
         try:
             stream = await self._api.completions.create(
                 model=self.cfg.model, prompt=text, max_tokens=st.output_tokens, temperature=0.0,
@@ -275,7 +278,7 @@ class WorkflowClient:
         return RequestRecord(
             rid, task.id, st.id, st.agent, st.kind, prompt, output,
             float(cached) if isinstance(cached, int) else NAN, ready,
-            first if pieces else finish, finish, status, attempts, str(served_by),
+            first if pieces else finish, finish, status, attempts, str(served_by), sent,
         )  # fmt: skip
 
 

@@ -1,12 +1,14 @@
 """A real cluster cell's per-replica tables and summaries (`run --engine sglang --replicas N`).
 
-The client sees the router, not the replicas. A request's replica is the worker that answered
-it, when the answer names one (`system_fingerprint` set to the worker's base URL, as the test
-workers do; SGLang leaves it empty, and the request's replica is then -1). Each replica's
-timeline comes from its own server log (`calibrate.timeline_from_log`), so busy time and batch
-sizes are per replica whatever the answers say. The layout is the simulated cluster's
-(`runners.cluster.runner`): a `replica` column in every table, `replicas_used` per task, and
-`run.json`'s `cluster` with `per_replica` summaries and the router's registry order.
+The client sees the router, not the replicas. The requests table adds `sent_s` (when the
+answered attempt left the client, after its own queue and prompt check: about when the router
+routed it) and `replica`: the worker that answered, when the answer names one
+(`system_fingerprint` set to the worker's base URL, as the test workers do; SGLang leaves it
+empty, and the replica is then -1). Each replica's timeline comes from its own server log
+(`calibrate.timeline_from_log`), so busy time and batch sizes are per replica whatever the
+answers say. The layout is the simulated cluster's (`runners.cluster.runner`): a `replica`
+column in every table, `replicas_used` per task, and `run.json`'s `cluster` with
+`per_replica` summaries and the router's registry order.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ async def _drive_with(
         nonlocal finished
         line = json.dumps({
             "task": [*task.row(), task.ok], "requests": [r.row() for r in reqs],
-            "served_by": [r.served_by for r in reqs],
+            "served_by": [r.served_by for r in reqs], "sent_s": [r.sent_s for r in reqs],
         })  # fmt: skip
         with lock, open(journal, "a") as f:
             f.write(line + "\n")
@@ -297,12 +297,12 @@ async def _drive_with(
     await work
 
 
-Journal = dict[str, tuple[list[Any], list[list[Any]], list[str]]]
+Journal = dict[str, tuple[list[Any], list[list[Any]], dict[str, list[Any]]]]
 
 
 def _load_journal(path: Path) -> Journal:
-    """task id -> (task row + ok flag, request rows, the URL that served each request); the
-    latest record of a task wins."""
+    """task id -> (task row + ok flag, request rows, per request: the URL that served it and
+    when it was sent); the latest record of a task wins."""
     out: Journal = {}
     if not path.exists():
         return out
@@ -311,8 +311,10 @@ def _load_journal(path: Path) -> Journal:
             rec = json.loads(line)
         except (ValueError, RecursionError):
             continue  # a line cut by a crash mid-write
-        served = rec.get("served_by") or [""] * len(rec["requests"])
-        out[rec["task"][0]] = (rec["task"], rec["requests"], served)
+        n = len(rec["requests"])
+        extra = {"served_by": rec.get("served_by") or [""] * n,
+                 "sent_s": rec.get("sent_s") or [math.nan] * n}  # fmt: skip
+        out[rec["task"][0]] = (rec["task"], rec["requests"], extra)
     return out
 
 
@@ -326,10 +328,11 @@ def _finish(
 
     ok_rows = [task[:-1] for task, _, _ in done.values() if task[-1]]
     req_rows = [tuple(r) for _, reqs, _ in done.values() for r in reqs]
-    served = [u for _, _, urls in done.values() for u in urls]
+    served = [u for _, _, extra in done.values() for u in extra["served_by"]]
+    sent = [float(t) for _, _, extra in done.values() for t in extra["sent_s"]]
     tasks = pd.DataFrame(ok_rows, columns=TASK_COLUMNS).sort_values("arrival_s")
-    requests = pd.DataFrame(req_rows, columns=REQUEST_COLUMNS).assign(served_by=served)
-    requests = requests.sort_values("ready_s")
+    requests = pd.DataFrame(req_rows, columns=REQUEST_COLUMNS)
+    requests = requests.assign(served_by=served, sent_s=sent).sort_values("ready_s")
     timeline = pd.DataFrame([], columns=TIMELINE_COLUMNS)
     cluster: dict[str, Any] | None = None
     if fleet is not None and plan.cluster is not None:
@@ -341,6 +344,8 @@ def _finish(
         from topas_bench.runners.sglang.calibrate import timeline_from_log
 
         timeline = timeline_from_log(fleet.workers[0].log_text())
+    if plan.cluster is None:  # the single-server layout, unchanged
+        requests = requests.drop(columns="sent_s")
     requests = requests.drop(columns="served_by", errors="ignore")
     tables = {
         "requests": requests.reset_index(drop=True), "tasks": tasks.reset_index(drop=True),

@@ -1,18 +1,21 @@
 """A stand-in for `python -m sglang.launch_server` that speaks as much of SGLang's HTTP API as
-sglang-router 0.3.2 and the workflow client need (standard library only).
+sglang-router 0.3.2 and the workflow client need (standard library only): the CPU stand-in of
+the real-router tests (tests/test_sglang_router.py).
 
-Tests copy it to DIR/sglang/launch_server.py and put DIR first on PYTHONPATH, so the project's
-launcher starts it as it would start SGLang. It answers what the router calls at registration
-and health checks (`/health`, `/server_info`, `/model_info` and their `/get_*` spellings,
-`/v1/models`), the client's `/tokenize` (one token per space-separated word, plus a BOS), and
-streaming `/v1/completions`: `max_tokens` chunks, STUB_TOKEN_S seconds apart, then the usage
-block. Like SGLang with the topas plugin, it prints the plugin's installed line. It keeps a
-prefix cache of the prompts it served (in words, unbounded) and reports the hit as
+`shim(DIR)` writes DIR/sglang/launch_server.py running it; with DIR first on PYTHONPATH, the
+project's launcher starts it as it would start SGLang. It answers what the router calls at
+registration and health checks (`/health`, `/server_info`, `/model_info` and their `/get_*`
+spellings, `/v1/models`), the client's `/tokenize` (one token per space-separated word, plus a
+BOS), and streaming `/v1/completions`: `max_tokens` chunks, STUB_TOKEN_S seconds apart, then
+the usage block. Like SGLang with the topas plugin, it prints the plugin's installed line. It
+keeps a prefix cache of the prompts it served (in words, unbounded) and reports the hit as
 `cached_tokens`; every chunk names the worker in `system_fingerprint` (its base URL). Each
 completion is logged as one JSON line in STUB_LOG_DIR/<port>.jsonl: receive and finish times,
 the prompt, the task metadata (`custom_params`: task, stage, the task's arrival on the client's
 clock), the tokens cached.
 """
+
+from __future__ import annotations
 
 import json
 import os
@@ -20,15 +23,26 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
-ARGS = sys.argv[1:]
-PORT = int(ARGS[ARGS.index("--port") + 1])
-MODEL = ARGS[ARGS.index("--model-path") + 1] if "--model-path" in ARGS else "stub-model"
-URL = f"http://127.0.0.1:{PORT}"
-TOKEN_S = float(os.environ.get("STUB_TOKEN_S", "0.002"))
-LOG_DIR = os.environ.get("STUB_LOG_DIR")
+PORT = 0
+MODEL = "stub-model"
+URL = ""
+TOKEN_S = 0.002
+LOG_DIR: str | None = None
 LOCK = threading.Lock()
 SEEN: list[list[str]] = []  # prompts served, as words
+
+
+def shim(directory: Path) -> Path:
+    """Make `directory` hold a `sglang.launch_server` that runs this stub; returns it."""
+    pkg = directory / "sglang"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(
+        "from topas_bench.runners.sglang.stub_worker import main\n\nmain()\n"
+    )
+    return directory
 
 
 def cached_words(words: list[str]) -> int:
@@ -113,8 +127,21 @@ class Handler(BaseHTTPRequestHandler):
                 f.write(json.dumps(line) + "\n")
 
 
-if os.environ.get("TOPAS_SCHEDULER"):  # what the topas plugin prints once installed
-    print(f"topas: scheduler {os.environ['TOPAS_SCHEDULER']!r} installed", file=sys.stderr,
-          flush=True)  # fmt: skip
-print(f"stub sglang worker on {URL}", flush=True)
-ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+def main(argv: list[str] | None = None) -> None:
+    """Serve on `--port` (other launch_server arguments are ignored) until killed."""
+    global PORT, MODEL, URL, TOKEN_S, LOG_DIR
+    args = sys.argv[1:] if argv is None else argv
+    PORT = int(args[args.index("--port") + 1])
+    MODEL = args[args.index("--model-path") + 1] if "--model-path" in args else "stub-model"
+    URL = f"http://127.0.0.1:{PORT}"
+    TOKEN_S = float(os.environ.get("STUB_TOKEN_S", "0.002"))
+    LOG_DIR = os.environ.get("STUB_LOG_DIR")
+    if os.environ.get("TOPAS_SCHEDULER"):  # what the topas plugin prints once installed
+        print(f"topas: scheduler {os.environ['TOPAS_SCHEDULER']!r} installed", file=sys.stderr,
+              flush=True)  # fmt: skip
+    print(f"stub sglang worker on {URL}", flush=True)
+    ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
