@@ -11,7 +11,9 @@
 - `requests`: p99 TTFT, mean TPOT, mean queueing delay and goodput per scheduler;
 - `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group;
 - `stage_latency_<workload>`: mean latency per stage kind and scheduler (main group);
-- `timeline_<workload>`: TOPAS against Parrot over one run (`timeline`).
+- `timeline_<workload>`: TOPAS against Parrot over one run (`timeline`);
+- `cluster_jct_vs_replicas` (and `cluster.csv`): for trees with simulated clusters, mean JCT
+  against replicas per router x scheduler (`cluster`).
 
 Every number comes from the report rows or the run files; nothing is recomputed differently.
 Output is deterministic (fixed SVG ids, no timestamps) so regenerated figures diff cleanly.
@@ -27,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.bootstrap import LEVEL, N_BOOT
+from topas_bench.analysis.cluster import cluster_figure, cluster_table
 from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.report import Report, scheduler_order
 from topas_bench.analysis.timeline import timeline_figure
@@ -97,6 +100,11 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
         fig = timeline_figure(plt, coll, rep.rows, str(row["group"]), palette)
         if fig is not None:
             save(fig, f"timeline_{row['workload']}")
+    clusters = cluster_table(coll, rep)  # docs/cluster.md: JCT against replicas per router
+    if not clusters.empty:
+        save(cluster_figure(plt, clusters, palette), "cluster_jct_vs_replicas")
+        clusters.to_csv(out / "cluster.csv", index=False, float_format="%.6g")
+        written.append(out / "cluster.csv")
     return written
 
 

@@ -133,6 +133,7 @@ class Simulator:
         self._busy = False
         self._on_task_done = on_task_done
         self._done_tasks = 0
+        self._resident: tuple[int, str] = (-1, "")  # (cache version, resident agents)
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -202,6 +203,17 @@ class Simulator:
     def _push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
+    def _next_event_s(self) -> float | None:
+        """When the next event of the run happens (None: none is due); an idle server with
+        waiting requests and nothing due is stuck."""
+        return self._heap[0][0] if self._heap else None
+
+    def _run_horizon_s(self) -> float | None:
+        """The next moment a request may reach the server, where a closed-form run of decode
+        steps must stop (None: no bound). One server: the next event of the run. A replica of
+        a cluster (`runners.cluster.replica`) answers for itself."""
+        return self._next_event_s()
+
     def _arrive(self, task: Task) -> None:
         run = TaskRun(task)
         self.tasks[task.id] = run
@@ -254,7 +266,7 @@ class Simulator:
         if self.running:
             self._start_decode()
             return
-        if self.waiting and not self._heap:
+        if self.waiting and self._next_event_s() is None:
             raise SimulationError(
                 f"scheduler {self.policy.name!r} admitted nothing while the server was idle "
                 f"and {len(self.waiting)} requests waited"
@@ -535,10 +547,12 @@ class Simulator:
         if not self.rec.timeline_on:
             return None
         cache = self.cache
-        resident = "|".join(
-            a.name for a in self.workload.agents
-            if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
-        )  # fmt: skip
+        if self._resident[0] != cache.version:  # GPU residency changes bump the version
+            self._resident = (cache.version, "|".join(
+                a.name for a in self.workload.agents
+                if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
+            ))  # fmt: skip
+        resident = self._resident[1]
         used = cache.gpu_tokens + self.private_tokens
         return (
             self.now, kind, steps, dur, len(batch), new, used, cache.gpu_tokens,
@@ -577,8 +591,9 @@ class Simulator:
             k = max(min(k, (self.free_tokens + self.cache.evictable_tokens) // b), 1)
         durs = self.cost.decode_steps_s(b, ctx, k)
         ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
-        if k > 1 and self._heap and not self.batch_is_full:
-            k = min(k, int(ends.searchsorted(self._heap[0][0], side="left")) + 1)
+        nxt = self._run_horizon_s()
+        if k > 1 and nxt is not None and not self.batch_is_full:
+            k = min(k, int(ends.searchsorted(nxt, side="left")) + 1)
         if k > 1 and self.contexts:  # a context's release is seen at the next iteration
             k = min(k, int(ends.searchsorted(self.contexts.next_expiry(), side="left")) + 1)
         return durs[:k], ends[:k]
@@ -700,8 +715,8 @@ class Simulator:
             req.generated += steps
             req.service_s += dur
             req.task.attained_s += dur
-        for d in durs:  # step by step, as the plugin observes a real server's steps
-            self.estimator.observe_decode(float(d), 1)
+        # step by step, as the plugin observes a real server's steps
+        self.estimator.observe_decode_steps(durs.tolist())
         finished = [r for r in self.running if r.remaining_output <= 0]
         if finished:
             self.running = [r for r in self.running if r.remaining_output > 0]
