@@ -149,3 +149,20 @@ $(TINY_MODEL)/config.json: scripts/make_tiny_llama.py $(VLLM_VENV)/.installed $(
 	$(VLLM_VENV)/bin/python scripts/make_tiny_llama.py $(TINY_MODEL) $(TINY_MODEL).words.json
 
 .PHONY: sglang-env vllm-env tiny-model
+
+## router-env: sglang-router 0.3.2 (PyPI) in .venvs/sglang-router (~150 MB, ~30 s), pinned by
+## requirements/sglang-router-0.3.2.txt: the router `run --engine sglang --replicas N` starts in
+## front of the servers; tests/test_sglang_router.py runs it against stub workers on CPU.
+ROUTER_VENV   ?= .venvs/sglang-router
+ROUTER_PYTHON ?= python3
+ROUTER_LOCK   := requirements/sglang-router-0.3.2.txt
+router-env: $(ROUTER_VENV)/.installed
+
+$(ROUTER_VENV)/.installed: $(ROUTER_LOCK)
+	rm -rf $(ROUTER_VENV)
+	$(ROUTER_PYTHON) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r $(ROUTER_LOCK)
+	$(ROUTER_VENV)/bin/python -c "import importlib.metadata as m, sglang_router.launch_router; v = m.version('sglang-router'); assert v == '0.3.2', v; print('sglang-router', v, 'in $(ROUTER_VENV)')"
+	touch $@
+
+.PHONY: router-env

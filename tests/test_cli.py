@@ -17,7 +17,13 @@ from topas_bench.experiment import GROUPS, measure_capacity
 from topas_bench.results import TABLES, RunIdentity
 from topas_bench.runners.engines import engine_version
 from topas_bench.runners.sim.cost import load_preset, preset_names
-from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS
+from topas_bench.schedulers.registry import (
+    ABLATIONS,
+    BASELINES,
+    PEERS,
+    SCHEDULERS,
+    SGLANG_STOCK,
+)
 from topas_bench.workloads.registry import WORKLOADS, generate
 from topas_bench.workloads.trace import load_workload
 
@@ -469,9 +475,12 @@ def test_workloads_validate_lists_every_problem(tmp_path: Path) -> None:
 # -- schedulers and presets ----------------------------------------------------------------------
 def test_schedulers_list() -> None:
     out = text(ok("schedulers", "list"))
+    group = {n: "paper" for n in (*BASELINES, "topas")} | {n: "peer" for n in PEERS}
+    group |= {n: "ablation" for n in ABLATIONS}
     for name in SCHEDULERS.names():
-        assert f"│ {name} │ {'yes' if name in BASELINES else ''}" in out
-    assert "│ fcfs │ yes │ First come, first served: the queue as it stands" in out
+        assert f"│ {name} │ {group.get(name, '')}" in out
+    assert "│ fcfs │ paper │ First come, first served: the queue as it stands" in out
+    assert "│ kvflow │ peer │ FCFS admission; eviction by steps-to-execution" in out
 
 
 def test_presets_list() -> None:
@@ -528,17 +537,18 @@ def test_every_command_has_help_with_an_example(command: tuple[str, ...]) -> Non
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ("all", (*BASELINES, "topas")),
+        ("paper", (*BASELINES, "topas")),
+        ("peers", PEERS),
+        ("all", (*BASELINES, "topas", *PEERS)),
         ("baselines", BASELINES),
-        (
-            "ablations",
-            ("topas", "topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint"),
-        ),
+        ("sglang", ("fcfs", "lpm", *SGLANG_STOCK)),
+        ("ablations", ("topas", *ABLATIONS)),
         ("everything", tuple(SCHEDULERS.names())),
         ("lpm, fcfs", ("lpm", "fcfs")),
-        ("all,topas-base", (*BASELINES, "topas", "topas-base")),
-        ("topas,all", ("topas", *BASELINES)),
+        ("paper,topas-base", (*BASELINES, "topas", "topas-base")),
+        ("topas,paper", ("topas", *BASELINES)),
         ("baselines,ablations", (*BASELINES, "topas", *ABLATIONS)),
+        ("paper,peers", (*BASELINES, "topas", *PEERS)),
     ],
 )
 def test_scheduler_groups(spec: str, expected: tuple[str, ...]) -> None:

@@ -15,6 +15,7 @@ from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimResult, SimulationError, Simulator, Step
 from topas_bench.schedulers.base import Decision, EngineView, Policy
 from topas_bench.schedulers.fcfs import FCFS
+from topas_bench.schedulers.registry import make_policy
 from topas_bench.schedulers.spf import SPF
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key, output_key
 
@@ -323,16 +324,27 @@ def random_workload(seed: int, n_tasks: int = 8, max_new_extra: int = 300) -> Wo
     return Workload("random", agents, tuple(tasks))
 
 
+#: Policies whose state moves inside a run of decode steps: context pins expire (continuum),
+#: hrrn's prefill-token counter grows with every decode step.
+STEPPED = [
+    ("fcfs", {}), ("continuum", {"memory_price": 0.05}), ("hrrn", {}), ("kvflow", {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("scheduler", STEPPED, ids=[s for s, _ in STEPPED])
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("budget", [1500, 3000, 20_000])
-def test_closed_form_decode_equals_stepping(seed: int, budget: int) -> None:
+def test_closed_form_decode_equals_stepping(
+    seed: int, budget: int, scheduler: tuple[str, dict[str, Any]]
+) -> None:
     """Runs of decode steps advanced as one event give the same result as one step per event
     (the trace mode), because nothing could have happened in between."""
     w = random_workload(seed, max_new_extra=800)
     cfg = SimConfig(kv_budget_tokens=budget, check_invariants=True)
-    fast = Simulator(w, FCFS(), COST, cfg).run()
+    name, params = scheduler
+    fast = Simulator(w, make_policy(name, **params), COST, cfg).run()
     trace: list[Step] = []
-    step = Simulator(w, FCFS(), COST, cfg, trace=trace).run()
+    step = Simulator(w, make_policy(name, **params), COST, cfg, trace=trace).run()
     cols = ["task_id", "stage_id", "cached_tokens", "first_admitted_s", "finish_s", "preemptions"]
     a = fast.requests[cols].sort_values(["task_id", "stage_id"]).reset_index(drop=True)
     b = step.requests[cols].sort_values(["task_id", "stage_id"]).reset_index(drop=True)

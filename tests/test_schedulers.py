@@ -16,6 +16,7 @@ from topas_bench.errors import TopasError, UnknownNameError
 from topas_bench.experiment import plan_run, run_cell
 from topas_bench.results import TABLES, read_meta, read_table
 from topas_bench.runners.sim.cost import CostModel, load_preset
+from topas_bench.runners.sim.engine import SimulationError
 from topas_bench.schedulers.autellix import Autellix, critical_path_attained
 from topas_bench.schedulers.base import (
     Decision,
@@ -42,6 +43,7 @@ class FakeTask:
     arrival_s: float = 0.0
     workflow: str = "fake"
     stages: dict[str, FakeStage] = field(default_factory=dict)  # topological order
+    version: int = 0
 
     @property
     def attained_s(self) -> float:
@@ -437,6 +439,11 @@ SAMPLE_TASKS = 8
 EXAMPLE = str(Path(__file__).parents[1] / "docs" / "examples" / "writer-reviewer.jsonl")
 
 
+#: Cells where SGLang 0.5.23 itself runs out of memory, and the simulator with it (the
+#: reference engine crashes at the same step, with the same free KV: docs/schedulers.md).
+SGLANG_CRASHES = {("shortest-prefill-first", "metagpt-tl-full")}
+
+
 @pytest.mark.parametrize("workload", WORKLOADS.names())
 @pytest.mark.parametrize("scheduler", SCHEDULERS.names())
 def test_every_scheduler_runs_every_workload(scheduler: str, workload: str, tmp_path: Path) -> None:
@@ -445,6 +452,10 @@ def test_every_scheduler_runs_every_workload(scheduler: str, workload: str, tmp_
                     out=tmp_path, workload_params=params)  # fmt: skip
     # Re-derive the memory accounting after every event: a policy must not break it.
     plan = replace(plan, sim=replace(plan.sim, check_invariants=True))
+    if (scheduler, workload) in SGLANG_CRASHES:
+        with pytest.raises(SimulationError, match="out of KV memory allocating 2056 tokens"):
+            run_cell(plan, scheduler)
+        return
     cell = run_cell(plan, scheduler)
     assert not cell.cached
     assert sorted(p.name for p in cell.run_dir.iterdir()) == sorted(

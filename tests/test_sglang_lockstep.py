@@ -4,11 +4,14 @@ Random request streams (shared agent prefixes, append-only histories, EOS far be
 `max_new_tokens`, long prompts, a 2,600-token KV budget, at most 8 running requests) go through
 the simulator and through SGLang's real `Scheduler` on CPU (the reference engine: its waiting
 queue, `SchedulePolicy`, `PrefillAdder`, radix cache, KV pool, retraction and `batch_is_full`
-latch; every non-SGLang scheduler through our plugin's adapter). At every iteration the two
+latch; SGLang's own schedule and eviction policies natively, every other scheduler through
+our plugin's adapter, with its seams: prefix eviction priorities on SGLang's Python tree core,
+finished contexts kept for a time to live). At every iteration the two
 must agree on the admitted requests in order, their cached and new tokens (or the decode batch),
 the free KV tokens, the evictable cache and the queue length. The comparison must also catch a
 broken latch and a missing LRU refresh (mutations of the simulator), and the radix tree alone
-must agree with SGLang's Python and Rust tree cores on random operation sequences.
+must agree with SGLang's Python and Rust tree cores on random operation sequences, under every
+radix eviction policy the simulator mirrors.
 
 Like `test_sglang_adapter.py`, this file is both the pytest module (main venv) and the script
 the SGLang venv runs (`make sglang-env`).
@@ -29,9 +32,31 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = REPO / ".venvs" / "sglang" / "bin" / "python"
-SCHEDULERS = ("fcfs", "lpm", "spf", "parrot", "autellix", "topas")
+#: Every scheduler that runs on the reference engine natively or through the plugin, with
+#: parameters where the defaults would rarely exercise what defines it (label -> name, params).
+SCHEDULERS: dict[str, tuple[str, dict[str, Any]]] = {
+    name: (name, {})
+    for name in (
+        "fcfs", "lpm", "spf", "parrot", "autellix", "topas", "dfs-weight", "lof", "random",
+        "hrrn", "shortest-prefill-first", "routing-key", "lpm-slru", "lpm-lfu", "lpm-priority",
+        "lpm-aging", "kvflow", "continuum",
+    )
+} | {
+    "continuum-cheap": ("continuum", {"memory_price": 0.1}),  # more contexts kept, and expire
+    "continuum-free": ("continuum", {"memory_price": 0.0}),  # kept until their task ends
+    "lpm-aging-k2": ("lpm-aging", {"k": 2, "aging_tokens_per_pass": 16}),
+}  # fmt: skip
 SEEDS = (0, 1, 2, 3)
-MUTATIONS = ("broken_latch", "no_lru_refresh", "no_split_restamp")
+#: Simulator mutations the comparison must catch, and the scheduler each breaks.
+MUTATIONS = {
+    "broken_latch": "fcfs",
+    "no_lru_refresh": "fcfs",
+    "no_split_restamp": "fcfs",
+    "no_prefix_priority": "kvflow",
+    "no_context_expiry": "continuum-cheap",
+    "no_prompt_retention": "lpm-priority",
+}
+EVICTIONS = ("lru", "lfu", "slru", "priority")
 
 # -- pytest side (main venv) -----------------------------------------------------------------
 if __name__ != "__main__":  # the SGLang venv has no pytest
@@ -54,9 +79,12 @@ if __name__ != "__main__":  # the SGLang venv has no pytest
         return out
 
     @pytest.mark.slow
+    @pytest.mark.parametrize("eviction", EVICTIONS)
     @pytest.mark.parametrize("backend", ["python", "rust"])
-    def test_radix_tree_agrees_with_sglang(results: dict[str, Any], backend: str) -> None:
-        res = results[f"tree_{backend}"]
+    def test_radix_tree_agrees_with_sglang(
+        results: dict[str, Any], backend: str, eviction: str
+    ) -> None:
+        res = results[f"tree_{backend}_{eviction}"]
         assert res["error"] is None, res["error"]
         assert res["mismatches"] == [], res["mismatches"][:3]
         assert res["evictions"] > 100 and res["splits"] > 100  # the streams exercised both
@@ -73,7 +101,7 @@ if __name__ != "__main__":  # the SGLang venv has no pytest
         assert res["retractions"] > 0
 
     @pytest.mark.slow
-    @pytest.mark.parametrize("mutation", MUTATIONS)
+    @pytest.mark.parametrize("mutation", list(MUTATIONS))
     def test_lockstep_catches(results: dict[str, Any], mutation: str) -> None:
         res = results[f"mutation_{mutation}"]
         assert res.get("error") is None, res.get("error")
@@ -81,8 +109,12 @@ if __name__ != "__main__":  # the SGLang venv has no pytest
 
 
 # -- the SGLang venv side --------------------------------------------------------------------
-def tree_differential(backend: str, seeds: int = 12, steps: int = 1500) -> dict[str, Any]:
-    """Random match / insert / lock / unlock / evict sequences against SGLang's tree."""
+def tree_differential(
+    backend: str, eviction: str = "lru", seeds: int = 12, steps: int = 1500
+) -> dict[str, Any]:
+    """Random match / insert / lock / unlock / evict sequences against SGLang's tree, under
+    one radix eviction policy (inserts at priority 0 or 1, each counting hits as a new
+    request's would)."""
     import random
     from array import array
 
@@ -124,11 +156,11 @@ def tree_differential(backend: str, seeds: int = 12, steps: int = 1500) -> dict[
         rtp = ReqToTokenPool(size=8, max_context_len=512, device="cpu", enable_memory_saver=False)
         params = CacheInitParams(
             disable=False, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1,
-            tree_components=(ComponentType.FULL,), eviction_policy="lru",
+            tree_components=(ComponentType.FULL,), eviction_policy=eviction,
         )  # fmt: skip
         with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(backend):
             cache = UnifiedRadixCache(params=params)
-        sim = RadixCache()
+        sim = RadixCache(eviction=eviction)
         locks: list[tuple[Any, Any]] = []
         for step in range(steps):
             segs = [Segment(rng.choice(keys[:3]), rng.choice([5, 8, 12]))]
@@ -160,8 +192,11 @@ def tree_differential(backend: str, seeds: int = 12, steps: int = 1500) -> dict[
                     if alloc.available_size() < len(ids):
                         continue
                 value = alloc.alloc(len(ids))
-                cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=value))
-                sim.insert(pieces(segs))
+                prio = rng.choice([0, 0, 1])
+                cache.insert(
+                    InsertParams(key=RadixKey(array("q", ids)), value=value, priority=prio)
+                )
+                sim.insert(pieces(segs), prio, 0)
             elif op < 0.8 and locks:
                 lock, node = locks.pop(rng.randrange(len(locks)))
                 cache.unlock(lock)
@@ -182,7 +217,8 @@ def tree_differential(backend: str, seeds: int = 12, steps: int = 1500) -> dict[
 
 def mutate(name: str) -> Callable[[], None]:
     """Break the simulator the named way; returns the undo."""
-    from topas_bench.runners.sim import engine, radix
+    from topas_bench.runners.sim import engine, pins, radix
+    from topas_bench.workloads.pieces import take
 
     if name == "broken_latch":  # re-run admission every iteration, as the old simulator did
         orig = engine.Simulator._prefill_attempt
@@ -197,6 +233,24 @@ def mutate(name: str) -> Callable[[], None]:
         stamp = radix.RadixCache._stamp
         radix.RadixCache._stamp = lambda self, node: None  # type: ignore[method-assign]
         return lambda: setattr(radix.RadixCache, "_stamp", stamp)
+    if name == "no_prefix_priority":  # KVFlow's classes never reach the tree
+        setp = engine.set_prefix_priorities
+        engine.set_prefix_priorities = lambda *a: None  # type: ignore[assignment]
+        return lambda: setattr(engine, "set_prefix_priorities", setp)
+    if name == "no_context_expiry":  # kept contexts outlive their time to live
+        expire = pins.ContextPins.expire
+        pins.ContextPins.expire = lambda self, now_s, live: None  # type: ignore[method-assign]
+        return lambda: setattr(pins.ContextPins, "expire", expire)
+    if name == "no_prompt_retention":  # a finished request's prompt is not re-inserted at +1
+        insert = engine.Simulator._insert
+
+        def no_retention(self: Any, req: Any, up_to: int) -> Any:
+            last, _ = self.cache.insert(take(req.fill(), up_to)[0], 0, req.inserted_len)
+            req.inserted_len = max(req.inserted_len, up_to)
+            return last
+
+        engine.Simulator._insert = no_retention  # type: ignore[method-assign]
+        return lambda: setattr(engine.Simulator, "_insert", insert)
     if name == "no_split_restamp":  # a split keeps the suffix's old recency
         split = radix.RadixCache._split
 
@@ -231,14 +285,22 @@ def main() -> None:
         print(name, {k: v for k, v in out[name].items() if k != "mismatches"}, file=sys.stderr)
 
     for backend in ("python", "rust"):
-        run(f"tree_{backend}", lambda b=backend: tree_differential(b))  # type: ignore[misc]
-    for scheduler in SCHEDULERS:
+        for eviction in EVICTIONS:
+            run(
+                f"tree_{backend}_{eviction}",
+                lambda b=backend, e=eviction: tree_differential(b, e),  # type: ignore[misc]
+            )
+    for label, (name, params) in SCHEDULERS.items():
         for seed in SEEDS:
-            run(f"lockstep_{scheduler}_{seed}", lambda s=scheduler, k=seed: compare(k, s))  # type: ignore[misc]
-    for mutation in MUTATIONS:
+            run(
+                f"lockstep_{label}_{seed}",
+                lambda n=name, p=params, k=seed: compare(k, n, params=p),  # type: ignore[misc]
+            )
+    for mutation, label in MUTATIONS.items():
+        name, params = SCHEDULERS[label]
         undo = mutate(mutation)
         try:
-            run(f"mutation_{mutation}", lambda: compare(0, "fcfs"))
+            run(f"mutation_{mutation}", lambda n=name, p=params: compare(0, n, params=p))  # type: ignore[misc]
         finally:
             undo()
     print(json.dumps(out))

@@ -71,8 +71,10 @@ def run(
         typer.Option(
             "--scheduler",
             "-s",
-            help="`all` (baselines + topas), `baselines`, `ablations`, `everything`, names, or a "
-            "comma-separated mix (all,topas-base).",
+            help="`paper` (the paper's five baselines + topas), `peers` (the schedulers the "
+            "paper left out: kvflow, continuum, lpm-aging, stock SGLang's), `all` (paper + "
+            "peers), `baselines`, `sglang`, `ablations`, `everything`, names, or a "
+            "comma-separated mix (paper,topas-base).",
         ),
     ] = "all",
     rate: Annotated[
@@ -136,6 +138,31 @@ def run(
     server_python: Annotated[
         str | None, typer.Option(help="sglang: interpreter with SGLang (default: this one).")
     ] = None,
+    router_python: Annotated[
+        str | None,
+        typer.Option(
+            help="sglang --replicas: interpreter with sglang-router 0.3.2 (default: "
+            ".venvs/sglang-router, `make router-env`)."
+        ),
+    ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve from N replicas behind a router (sim: simulated; sglang: N servers and "
+            "sglang-router). A --load and the default rate are then per replica."
+        ),
+    ] = None,
+    router: Annotated[
+        str | None,
+        typer.Option(
+            help="With --replicas: round-robin, least-load, cache-aware (sglang-router's "
+            "default), agent-affinity or workflow-aware (docs/cluster.md)."
+        ),
+    ] = None,
+    router_param: Annotated[
+        list[str] | None,
+        typer.Option("--router-param", help="Router parameter, key=value (repeatable)."),
+    ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs"),
     force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
     allow_large: Annotated[
@@ -156,6 +183,7 @@ def run(
       topas-bench run -w chain3 --kv-budget 40000 --out runs/big-kv
       topas-bench run -w my-trace.jsonl -s fcfs,topas        # a trace file, as recorded
       topas-bench run -w metagpt-tl -s fcfs,topas --engine sglang-cpu -n 50
+      topas-bench run -w metagpt-tl -s fcfs,topas --replicas 4 --router cache-aware -n 400
       topas-bench run -w dag4 -s fcfs,topas --engine sglang --model /models/Qwen2.5-32B-Instruct
     """
     from topas_bench.analysis.console import print_plan, print_run_table
@@ -168,7 +196,7 @@ def run(
         raise TopasError(f"--length-hint must be `none` or `oracle`, got {length_hint!r}")
     if engine != "sglang":
         given = {"--model": model, "--endpoint": endpoint, "--sglang-arg": sglang_arg,
-                 "--server-python": server_python}  # fmt: skip
+                 "--server-python": server_python, "--router-python": router_python}  # fmt: skip
         for flag, value in given.items():
             if value:
                 raise TopasError(
@@ -178,6 +206,7 @@ def run(
 
     names = parse_schedulers(scheduler)
     wparams = parse_assignments(workload_param or [], "--workload-param")
+    rparams = parse_assignments(router_param or [], "--router-param")
     sparams = parse_scheduler_params(scheduler_param or [])
     num_tasks = tasks if tasks is not None else run_defaults(workload, wparams)[0]
     building = Progress(
@@ -188,11 +217,17 @@ def run(
     def before_generate(rate_per_s: float) -> None:
         if engine != "sglang":  # a real server's memory is not this process's
             run_gate(
-                workload=workload, params=wparams, num_tasks=num_tasks, seed=seed,
-                schedulers=names, preset=preset, kv_budget_tokens=kv_budget,
-                scheduler_params=sparams, forced=allow_large,
+                workload=workload,
+                params=wparams,
+                num_tasks=num_tasks,
+                seed=seed,
+                schedulers=names,
+                preset=preset,
+                kv_budget_tokens=kv_budget,
+                scheduler_params=sparams,
+                forced=allow_large,
                 say=lambda msg: err.print(msg, markup=False),
-            )(rate_per_s)  # fmt: skip
+            )(rate_per_s / (replicas or 1))  # probed on one server at its share of the rate
         if num_tasks > ESTIMATE_ABOVE_TASKS:
             building.start()
             building.add_task(f"sampling {num_tasks:,} tasks", total=None)
@@ -204,7 +239,8 @@ def run(
             length_hint="oracle" if length_hint == "oracle" else "none",
             host_tier_tokens=host_tier_tokens, out=check_out_dir(out_dir),
             workload_params=wparams, scheduler_params=sparams, before_generate=before_generate,
-            engine="sim" if engine == "sglang" else engine,
+            engine="sim" if engine == "sglang" else engine, replicas=replicas, router=router,
+            router_params=rparams,
         )  # fmt: skip
     finally:
         if building.live.is_started:
@@ -217,7 +253,7 @@ def run(
         from topas_bench.runners.sglang.runner import options
         from topas_bench.runners.sglang.runner import print_plan as print_sglang_plan
 
-        plan = options(plan, model, endpoint, sglang_arg or [], server_python)
+        plan = options(plan, model, endpoint, sglang_arg or [], server_python, router_python)
         print_sglang_plan(out, plan)
     else:
         print_plan(out, plan)

@@ -67,7 +67,8 @@ def sweep(
         typer.Option(
             "--scheduler",
             "-s",
-            help="`all`, `baselines`, `ablations`, `everything`, or a,b,c (default: all).",
+            help="`paper`, `peers`, `all`, `baselines`, `sglang`, `ablations`, `everything`, "
+            "or a,b,c (default: all).",
         ),
     ] = None,
     load: Annotated[
@@ -95,6 +96,16 @@ def sweep(
         list[str] | None,
         typer.Option("--scheduler-param", help="scheduler.key=value (repeatable)."),
     ] = None,
+    replicas: Annotated[
+        str | None,
+        typer.Option(help="Replica counts of simulated clusters, comma-separated (1,2,4,8)."),
+    ] = None,
+    router: Annotated[
+        str | None,
+        typer.Option(
+            "--router", help="Routers of the clusters, comma-separated (docs/cluster.md)."
+        ),
+    ] = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Results directory (default: runs).")
     ] = None,
@@ -116,7 +127,8 @@ def sweep(
         typer.Option(help="Run even if the estimated memory exceeds half of this machine's RAM."),
     ] = False,
 ) -> None:
-    """Run schedulers x workloads x loads (or rates) x seeds x presets x KV budgets.
+    """Run schedulers x workloads x loads (or rates) x seeds x presets x KV budgets (x replicas
+    x routers for simulated clusters).
 
     Every scheduler of a (workload, load, seed, preset, budget) group runs on the same workload
     sample. Results go to OUT/<workload>/<scheduler>/<cell>/; finished cells are skipped unless
@@ -126,6 +138,7 @@ def sweep(
       topas-bench sweep -w chain3,dag4 -s all --load 0.6,0.8 --seeds 0-2 -n 100 --out runs/s1
       topas-bench sweep --config results/reference.toml --out results/reference
       topas-bench sweep -c sweep.toml --executor ray --address 127.0.0.1:6379
+      topas-bench sweep -w metagpt-tl -s fcfs,topas --replicas 1,2,4 --router cache-aware -n 100
     """
     from topas_bench.sweep import load_specs, parse_list, read_toml, run_sweep
 
@@ -144,6 +157,8 @@ def sweep(
         "host_tier_tokens": host_tier_tokens,
         "workload_params": _by_name(workload_param, "--workload-param"),
         "scheduler_params": parse_scheduler_params(scheduler_param) if scheduler_param else None,
+        "replicas": parse_list(replicas, "--replicas", int) if replicas else None,
+        "routers": router.split(",") if router else None,
     }
     specs = load_specs(doc, flags, source)
     outs = {o for _, o in specs if o is not None}

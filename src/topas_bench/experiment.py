@@ -16,11 +16,20 @@ from typing import Any
 
 from topas_bench.errors import TopasError
 from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
+from topas_bench.runners.cluster.config import ClusterConfig
+from topas_bench.runners.cluster.routers import DEFAULT_ROUTER
 from topas_bench.runners.engines import ENGINES
 from topas_bench.runners.sim.config import LengthHint, SimConfig
 from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS, make_policy
+from topas_bench.schedulers.registry import (
+    ABLATIONS,
+    BASELINES,
+    PEERS,
+    SCHEDULERS,
+    SGLANG_STOCK,
+    make_policy,
+)
 from topas_bench.workloads.model import Stage, Workload
 from topas_bench.workloads.registry import generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
@@ -33,15 +42,20 @@ CAPACITY_BISECTIONS = 7
 
 #: Named groups accepted by `--scheduler`.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "all": (*BASELINES, "topas"),
+    "paper": (*BASELINES, "topas"),
+    "peers": PEERS,
+    "all": (*BASELINES, "topas", *PEERS),
     "baselines": BASELINES,
+    "sglang": ("fcfs", "lpm", *SGLANG_STOCK),
     "ablations": ("topas", *ABLATIONS),
 }
 
 
 def parse_schedulers(spec: str) -> tuple[str, ...]:
-    """Comma-separated scheduler names and groups (`all` = the paper's baselines + topas,
-    `baselines`, `ablations`, `everything` = every registered policy), e.g. `all,topas-base`."""
+    """Comma-separated scheduler names and groups (`paper` = the paper's five baselines +
+    topas, `peers` = the schedulers the paper left out, `all` = both, `baselines`, `sglang` =
+    stock SGLang's policies, `ablations`, `everything` = every registered policy), e.g.
+    `paper,topas-base`."""
     names: list[str] = []
     explicit: set[str] = set()
     for item in (n.strip() for n in spec.split(",")):
@@ -79,10 +93,22 @@ def plan_run(
     scheduler_params: Mapping[str, Mapping[str, Any]] | None = None,
     engine: str = "sim",
     before_generate: Callable[[float], None] | None = None,
+    replicas: int | None = None,
+    router: str | None = None,
+    router_params: Mapping[str, Any] | None = None,
 ) -> RunPlan:
     """`before_generate(rate_per_s)`, when given, is called once the inputs are checked and
-    just before the workload is sampled (`topas-bench run` estimates the run's size there)."""
+    just before the workload is sampled (`topas-bench run` estimates the run's size there).
+
+    `replicas` (with `router`, default `routers.DEFAULT_ROUTER`, and `router_params`) runs the
+    plan on a cluster of that many servers (`runners.cluster`). A load, and the workload's
+    default rate, are then per replica: the Poisson rate is N times a single server's (a trace
+    file still keeps its own arrival times)."""
     ENGINES.get(engine)  # an unknown engine: raises with the known names
+    cluster = cluster_config(replicas, router, router_params)
+    if cluster is not None and engine == "sglang-cpu":
+        raise TopasError("--replicas is for --engine sim or sglang; sglang-cpu runs one server")
+    scale = cluster.replicas if cluster is not None else 1
     workload, wparams = resolve(workload, workload_params)  # a trace file: the `trace` workload
     pre = load_preset(preset)
     if num_tasks < 1:
@@ -103,9 +129,11 @@ def plan_run(
     capacity = None
     if load is not None:
         capacity = measure_capacity(workload, tuple(sorted(wparams.items())), pre, budget)
-        rate = load * capacity
+        rate = load * capacity * scale
     else:
-        rate = rate_per_s if rate_per_s is not None else run_defaults(workload, wparams)[1]
+        own = workload == "trace"  # a trace file keeps its own arrival times
+        default = run_defaults(workload, wparams)[1] * (1 if own else scale)
+        rate = rate_per_s if rate_per_s is not None else default
     sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
     for name in sparams:
         if name not in schedulers:
@@ -131,7 +159,19 @@ def plan_run(
         scheduler_params=sparams, num_tasks=num_tasks, seed=seed, rate_per_s=rate, load=load,
         capacity_tps=capacity, preset=pre, kv_budget_tokens=budget,
         kv_budget_derived=kv_budget_tokens is None, sim=sim, out=out, engine=engine,
+        cluster=cluster,
     )  # fmt: skip
+
+
+def cluster_config(
+    replicas: int | None, router: str | None, router_params: Mapping[str, Any] | None
+) -> ClusterConfig | None:
+    """The cluster setting of `--replicas`/`--router`/`--router-param`, or None (one server)."""
+    if replicas is None:
+        if router is not None or router_params:
+            raise TopasError("--router and --router-param need --replicas N")
+        return None
+    return ClusterConfig(replicas, router or DEFAULT_ROUTER, dict(router_params or {}))
 
 
 def check_fits(w: Workload, kv_budget_tokens: int, context_length: int = 32768) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.results import RunIdentity, read_meta, reusable
+from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.engines import engine_version
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import Preset
@@ -49,6 +50,8 @@ class RunPlan:
     engine: str = "sim"
     #: `runners.sglang.runner.SglangOptions` when the engine is a real SGLang server.
     sglang: Any = None
+    #: N replicas behind a router (`--replicas`, `--router`); None: one server.
+    cluster: ClusterConfig | None = None
 
     def identity(self, scheduler: str) -> RunIdentity:
         """The identity of a `sim` or `sglang-cpu` cell (a real server's has its own)."""
@@ -58,6 +61,8 @@ class RunPlan:
             for k in ENGINE_PARAM_FIELDS
             if getattr(self.sim, k) != getattr(defaults, k)
         }
+        if self.cluster is not None:
+            engine_params.update(self.cluster.engine_params())
         return RunIdentity(
             workload=self.workload_name,
             num_tasks=self.num_tasks,

@@ -77,6 +77,12 @@ def print_plan(console: Console, plan: RunPlan) -> None:
         console.print("length hint: oracle (policies see true output lengths)")
     if plan.sim.host_tier_tokens:
         console.print(f"host tier: {plan.sim.host_tier_tokens:,} tokens")
+    if plan.cluster is not None:
+        console.print(
+            f"cluster: {plan.cluster.describe()}; each replica has its own scheduler and the "
+            "KV budget above",
+            markup=False,
+        )
     console.print(f"schedulers: {', '.join(plan.schedulers)}")
 
 
@@ -99,6 +105,9 @@ def print_run_table(console: Console, plan: RunPlan, cells: Sequence[CellResult]
         row += [f"{c.sim_time_s:,.0f}", f"{c.wall_s:.1f}"]
         table.add_row(*row)
     console.print(table)
+    for c in cells:
+        if "per_replica" in c.extra:
+            console.print(replica_line(c), markup=False)
     if any(c.cached for c in cells):
         console.print(
             "(cached): a stored run with the same identity was reused; the identity does not "
@@ -106,6 +115,23 @@ def print_run_table(console: Console, plan: RunPlan, cells: Sequence[CellResult]
         )
     if cells:
         console.print(f"results: {cells[0].run_dir.parent.parent.parent}/")
+
+
+def replica_line(c: CellResult) -> str:
+    """A cluster cell's spread over its replicas: requests, busy fraction, prefix hit rate."""
+    rows = c.extra["per_replica"]
+
+    def spread(key: str, fmt: str) -> str:
+        vals = sorted(v for r in rows if (v := float(r[key])) == v)  # NaN: a replica never used
+        if not vals:
+            return "-"
+        return "/".join(fmt.format(v) for v in (vals[0], vals[len(vals) // 2], vals[-1]))
+
+    return (
+        f"{c.scheduler}: {len(rows)} replicas (min/median/max): requests "
+        f"{spread('requests', '{:.0f}')}, busy {spread('busy_fraction', '{:.0%}')}, "
+        f"prefix hit {spread('prefix_hit_rate', '{:.0%}')}"
+    )
 
 
 def print_workloads(console: Console) -> None:
@@ -143,15 +169,17 @@ def print_workload(console: Console, w: Workload) -> None:
 
 
 def print_schedulers(console: Console) -> None:
-    from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
+    from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, SCHEDULERS
 
-    table = Table(title="schedulers", title_justify="left")
+    groups = {n: "paper" for n in (*BASELINES, "topas")}
+    groups |= {n: "ablation" for n in ABLATIONS} | {n: "peer" for n in PEERS}
+    table = Table(title="schedulers (docs/schedulers.md)", title_justify="left")
     table.add_column("name")
-    table.add_column("paper baseline")
+    table.add_column("group")
     table.add_column("description")
     for name in SCHEDULERS:
         doc = (SCHEDULERS.get(name).__doc__ or "").strip().splitlines()
-        table.add_row(name, "yes" if name in BASELINES else "", doc[0] if doc else "")
+        table.add_row(name, groups.get(name, ""), doc[0] if doc else "")
     console.print(table)
 
 

@@ -3,12 +3,17 @@
 - `jct_relative`: mean and p99 JCT of each scheduler divided by the best baseline's, per
   workload's main group (the one with the most schedulers, then the load nearest 0.8), with
   paired 95% bootstrap intervals over the seeds (labelled with their number);
+- `jct_relative_all`: the same for TOPAS and every scheduler that is not one of its ablations,
+  divided by the best of them all (the paper's baselines and the peers), when the tree has
+  peers;
 - `jct_vs_load`: mean and p99 JCT and goodput against load, one panel per workload and metric;
 - `ablation`: TOPAS and its ablations, mean and p99 JCT in seconds from zero, with intervals;
 - `requests`: p99 TTFT, mean TPOT, mean queueing delay and goodput per scheduler;
 - `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group;
 - `stage_latency_<workload>`: mean latency per stage kind and scheduler (main group);
-- `timeline_<workload>`: TOPAS against Parrot over one run (`timeline`).
+- `timeline_<workload>`: TOPAS against Parrot over one run (`timeline`);
+- `cluster_jct_vs_replicas` (and `cluster.csv`): for trees with simulated clusters, mean JCT
+  against replicas per router x scheduler (`cluster`).
 
 Every number comes from the report rows or the run files; nothing is recomputed differently.
 Output is deterministic (fixed SVG ids, no timestamps) so regenerated figures diff cleanly.
@@ -24,13 +29,16 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.bootstrap import LEVEL, N_BOOT
+from topas_bench.analysis.cluster import cluster_figure, cluster_table
 from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.report import Report, scheduler_order
 from topas_bench.analysis.timeline import timeline_figure
 from topas_bench.errors import TopasError
-from topas_bench.schedulers.registry import ABLATIONS, BASELINES
+from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, SCHEDULERS
 
 MAIN = (*BASELINES, "topas")
+#: `jct_relative_all`: every scheduler but TOPAS's ablations.
+EVERY = tuple(s for s in SCHEDULERS.names() if s not in ABLATIONS)
 METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
 
 
@@ -73,6 +81,8 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
     main = _main_groups(rep.rows)
     palette = palette_for(rep.rows["scheduler"].unique())
     save(_relative(plt, main, palette), "jct_relative")
+    if main["scheduler"].isin(PEERS).any():
+        save(_relative(plt, main, palette, against="any_"), "jct_relative_all")
     curves = _load_curves(rep.rows)
     if not curves.empty:
         save(_vs_load(plt, curves, palette), "jct_vs_load")
@@ -90,6 +100,11 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
         fig = timeline_figure(plt, coll, rep.rows, str(row["group"]), palette)
         if fig is not None:
             save(fig, f"timeline_{row['workload']}")
+    clusters = cluster_table(coll, rep)  # docs/cluster.md: JCT against replicas per router
+    if not clusters.empty:
+        save(cluster_figure(plt, clusters, palette), "cluster_jct_vs_replicas")
+        clusters.to_csv(out / "cluster.csv", index=False, float_format="%.6g")
+        written.append(out / "cluster.csv")
     return written
 
 
@@ -98,7 +113,10 @@ COLOURS = {
     "fcfs": "tab:gray", "lpm": "tab:orange", "spf": "tab:green", "parrot": "tab:blue",
     "autellix": "tab:purple", "topas": "tab:red",
 }  # fmt: skip
-OTHERS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy", "teal")
+OTHERS = (
+    "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy", "teal", "lime",
+    "salmon", "darkgreen", "slateblue", "sienna", "orchid", "khaki", "steelblue",
+)  # fmt: skip
 
 
 def palette_for(labels: Any) -> dict[str, Any]:
@@ -131,18 +149,22 @@ def _err(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return spread
 
 
-def _relative(plt: Any, main: pd.DataFrame, palette: dict[str, Any]) -> Any:
-    rows = main[main["scheduler"].isin(MAIN)]
+def _relative(plt: Any, main: pd.DataFrame, palette: dict[str, Any], against: str = "") -> Any:
+    """Each scheduler's JCT over the best baseline's (`against=""`: the paper's schedulers) or
+    over the best of all (`"any_"`: every scheduler but TOPAS's ablations)."""
+    rows = main[main["scheduler"].isin(EVERY if against else MAIN)]
+    what = "best of all" if against else "best baseline"
     workloads = list(dict.fromkeys(rows["workload"]))
-    fig, axes = plt.subplots(2, len(workloads), figsize=(3.4 * len(workloads), 7.2),
+    width = max(3.4, 0.32 * rows.groupby("workload")["scheduler"].nunique().max())
+    fig, axes = plt.subplots(2, len(workloads), figsize=(width * len(workloads), 7.2),
                              squeeze=False, sharey="row")  # fmt: skip
     for j, w in enumerate(workloads):
         d = rows[rows["workload"] == w]
         for i, (_, m) in enumerate(METRICS):
             ax = axes[i][j]
-            y = 1.0 - d[f"reduction_{m}"].to_numpy(dtype=float)
-            lo = 1.0 - d[f"reduction_{m}_hi"].to_numpy(dtype=float)
-            hi = 1.0 - d[f"reduction_{m}_lo"].to_numpy(dtype=float)
+            y = 1.0 - d[f"reduction_{against}{m}"].to_numpy(dtype=float)
+            lo = 1.0 - d[f"reduction_{against}{m}_hi"].to_numpy(dtype=float)
+            hi = 1.0 - d[f"reduction_{against}{m}_lo"].to_numpy(dtype=float)
             # points, not bars: a ratio's axis need not start at zero, a bar's must
             spread = _err(y, lo, hi)
             for x, sched in enumerate(d["scheduler"]):
@@ -150,13 +172,13 @@ def _relative(plt: Any, main: pd.DataFrame, palette: dict[str, Any]) -> Any:
                             capsize=4, color=palette[sched])  # fmt: skip
             ax.set_xticks(range(len(d)), list(d["scheduler"]))
             ax.axhline(1.0, color="black", linewidth=0.8)
-            best = d.iloc[0][f"best_baseline_{m}"]
-            ax.set_title(f"{w}\n{m} JCT (best baseline: {best})" if i == 0 else
-                         f"{m} JCT (best baseline: {best})", fontsize=10)  # fmt: skip
+            best = d.iloc[0][f"best_{against or 'baseline_'}{m}"]
+            ax.set_title(f"{w}\n{m} JCT ({what}: {best})" if i == 0 else
+                         f"{m} JCT ({what}: {best})", fontsize=10)  # fmt: skip
             ax.tick_params(axis="x", rotation=60, labelsize=8)
             if j == 0:
-                ax.set_ylabel(f"{m} JCT / best baseline's\n(< 1: faster than the best baseline)")
-    fig.suptitle("JCT relative to the best baseline per workload\n" + _seeds_note(rows),
+                ax.set_ylabel(f"{m} JCT / {what}'s\n(< 1: faster than the {what})")
+    fig.suptitle(f"JCT relative to the {what} per workload\n" + _seeds_note(rows),
                  fontsize=11)  # fmt: skip
     return fig
 

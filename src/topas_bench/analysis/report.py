@@ -9,7 +9,9 @@ different seeds gets a note.
 
 Reductions are `1 - scheduler / best baseline`, the best baseline chosen per metric (mean and
 p99 JCT) as the lowest among `BASELINES` in the group, with a paired bootstrap interval; every
-row has one (the best baseline's own is 0). The paper's reductions (DESIGN section 5, TOPAS vs
+row has one (the best baseline's own is 0). Beside it, `reduction_any` is the same against the
+best of every scheduler in the group that is not TOPAS or an ablation of it (the paper's
+baselines and the peers it left out: `best_any`). The paper's reductions (DESIGN section 5, TOPAS vs
 the best baseline) stand beside TOPAS's only for runs made in the paper's setting
 (`paper_setting`). Request-level metrics (TTFT, TPOT, ITL, queueing, latency, goodput under the
 collection's SLO) and per-stage latencies come with every group (`metrics`).
@@ -150,11 +152,16 @@ def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
     per: dict[str, pd.DataFrame] = {str(s): d for s, d in g.groupby("scheduler")}
     labels = sorted(per, key=scheduler_order)
     baselines = [s for s in labels if per[s].iloc[0]["scheduler_name"] in BASELINES]
+    others = [s for s in labels if not str(per[s].iloc[0]["scheduler_name"]).startswith("topas")]
     best: dict[str, str] = {}  # metric -> best baseline (none when nothing is compared)
+    best_any: dict[str, str] = {}  # metric -> best non-TOPAS scheduler
     for m, col in COMPARED.items():
-        means = {s: float(per[s][col].to_numpy().mean()) for s in baselines if compared}
+        means = {s: float(per[s][col].to_numpy().mean()) for s in others if compared}
+        base = {s: v for s, v in means.items() if s in baselines}
+        if base:
+            best[m] = min(base, key=lambda s: (base[s], s))
         if means:
-            best[m] = min(means, key=lambda s: (means[s], s))
+            best_any[m] = min(means, key=lambda s: (means[s], s))
     in_setting = paper_setting(first["group"], float(first["load"]))
     paper = PAPER_REDUCTIONS.get(str(first["workload"])) if in_setting else None
     out = []
@@ -173,6 +180,13 @@ def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
             if ref is not None:
                 r = reduction_ci(d[col].to_numpy(), per[ref][col].to_numpy())
             row[f"reduction_{m}"], row[f"reduction_{m}_lo"], row[f"reduction_{m}_hi"] = r
+            ref_any = best_any.get(m)
+            row[f"best_any_{m}"] = ref_any or ""
+            r = (math.nan,) * 3
+            if ref_any is not None:
+                r = reduction_ci(d[col].to_numpy(), per[ref_any][col].to_numpy())
+            row[f"reduction_any_{m}"], row[f"reduction_any_{m}_lo"] = r[0], r[1]
+            row[f"reduction_any_{m}_hi"] = r[2]
             is_topas = d.iloc[0]["scheduler_name"] == "topas" and s == "topas"
             row[f"paper_reduction_{m}"] = (
                 paper[0 if m == "mean" else 1] if paper and is_topas else math.nan

@@ -129,11 +129,24 @@ class EngineView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A policy's answer. `keep_prefixes=None` leaves the pinned set unchanged."""
+    """A policy's answer. `keep_prefixes=None` leaves the pinned set unchanged.
+
+    prefix_priority: agent -> eviction priority of the radix nodes of its prefix (the device
+        path of the prefix's tokens, read-only, the node where it ends included), for a server
+        evicting by `priority` (`Policy.radix_eviction_policy`, SGLang's `PriorityStrategy`:
+        lower first, then LRU). A node on several agents' paths takes the highest. Every other
+        node keeps SGLang's request priorities, 0 for outputs and 1 for prompts. None leaves
+        priorities unchanged.
+    prefetch: agents whose prefix, where the host tier holds it, is loaded back to the GPU now,
+        overlapped with serving (in order, until one does not fit); a simulator host-tier
+        operation, which engines without a host tier ignore.
+    """
 
     admit: Sequence[RequestView] = ()
     preempt: Sequence[RequestView] = ()
     keep_prefixes: frozenset[str] | None = None
+    prefix_priority: Mapping[str, int] | None = None
+    prefetch: Sequence[str] = ()
 
 
 class InvalidParameter(TopasError):
@@ -204,6 +217,17 @@ class Policy(ABC):
     #: (the plugin's adapter), then asks the policy at every iteration while requests wait, so
     #: it can preempt for a better candidate, and pays a prefill attempt per step for it.
     acts_while_full: ClassVar[bool] = False
+    #: SGLang's `--radix-eviction-policy` the server runs with (`lru`, `lfu`, `slru`,
+    #: `priority`; `runners.sim.evict`) and its `--radix-eviction-policy-config` (for `slru`:
+    #: `protected_threshold`). Both engines build their cache with them.
+    radix_eviction_policy: ClassVar[str] = "lru"
+    radix_eviction_config: ClassVar[Mapping[str, int]] = {}
+    #: Seed of SGLang's shuffle under `--schedule-policy random` (the simulator seeds its own
+    #: generator with it, the reference engine SGLang's global one).
+    sglang_seed: ClassVar[int] = 0
+    #: True for a policy that sets `Decision.prefix_priority`: SGLang's Rust tree core keeps
+    #: node priorities out of Python's reach, so its server runs the Python tree core.
+    sets_prefix_priority: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         reject_unknown(self.name, params)
@@ -215,6 +239,18 @@ class Policy(ABC):
 
     @abstractmethod
     def decide(self, view: EngineView) -> Decision: ...
+
+    def context_ttl(self, finished: RequestView, view: EngineView) -> float:
+        """Seconds to keep `finished`'s context (its prompt and output, as the tree holds it
+        when it finishes) locked on the GPU; 0 keeps nothing (the default).
+
+        The engine asks at the iteration after the request finished, locks the context if the
+        admission budget allows it (as for kept prefixes: not what running requests reserved,
+        nor what the in-flight chunked prefill still needs), and releases it when the time is
+        up (at the first iteration at or after it), when its task ends, before decode would
+        retract, or when the server would otherwise sit idle.
+        """
+        return 0.0
 
     def retraction_order(self, view: EngineView) -> list[RequestView]:
         """Running requests, the first to retract first when decode runs out of memory.

@@ -40,7 +40,7 @@ class _Dist:
         self._window = window
         self._order: deque[float] = deque()
         self._sorted: list[float] = []
-        self._suffix: list[float] = [0.0]  # _suffix[i] = sum(_sorted[i:])
+        self._suffix: list[float] | None = [0.0]  # _suffix[i] = sum(_sorted[i:]); None: stale
 
     def add(self, x: float) -> None:
         self._order.append(x)
@@ -48,16 +48,22 @@ class _Dist:
         if len(self._order) > self._window:
             old = self._order.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, old)]
-        suffix = [0.0] * (len(self._sorted) + 1)
-        for i in range(len(self._sorted) - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + self._sorted[i]
-        self._suffix = suffix
+        self._suffix = None  # rebuilt when next read: many adds may come before a read
+
+    def _sums(self) -> list[float]:
+        suffix = self._suffix
+        if suffix is None:
+            suffix = [0.0] * (len(self._sorted) + 1)
+            for i in range(len(self._sorted) - 1, -1, -1):
+                suffix[i] = suffix[i + 1] + self._sorted[i]
+            self._suffix = suffix
+        return suffix
 
     def residual(self, attained: float, prior: float, prior_weight: float) -> float:
         """E[X - a | X > a] over the samples plus `prior_weight` pseudo-samples at `prior`."""
         i = bisect.bisect_right(self._sorted, attained)
         n_above = len(self._sorted) - i
-        total = self._suffix[i] - attained * n_above
+        total = self._sums()[i] - attained * n_above
         weight = float(n_above)
         if prior > attained:
             total += prior_weight * (prior - attained)
@@ -117,6 +123,16 @@ class ServiceEstimator:
         """The engine ran `steps` decode iterations of `step_s` seconds each."""
         keep = (1.0 - self._alpha) ** steps
         self._tpot_s = keep * self._tpot_s + (1.0 - keep) * step_s
+
+    def observe_decode_steps(self, steps_s: Sequence[float]) -> None:
+        """`observe_decode(s, 1)` for each step duration in order, in one call (the same
+        arithmetic, step by step)."""
+        keep = (1.0 - self._alpha) ** 1
+        rest = 1.0 - keep
+        tpot = self._tpot_s
+        for s in steps_s:
+            tpot = keep * tpot + rest * s
+        self._tpot_s = tpot
 
     def residual_tokens(
         self, agent: str, kind: str, generated: int, key: tuple[str, str] | None = None

@@ -11,16 +11,31 @@ Mirrors SGLang 0.5.23 `SchedulePolicy` (`managers/schedule_policy.py`):
   `IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD` (32) tokens with an earlier such request in
   the queue is deprioritised for this round (sorted last), so a shared prefix is computed once,
   then reused. Shared tokens are counted token-exactly (`workloads.pieces`).
+
+With SGLang's thresholds, SGLang's own pass has already sorted the queue this way when the
+policy decides (the simulator's `runners.sim.calc_priority`, the server's `SchedulePolicy`
+behind the plugin); sorting again changes nothing (a request not demoted shares too little with
+every other one not demoted, so the demotions are the same on the sorted queue, and the sort is
+stable). Other thresholds sort only here, after an `fcfs` pass.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView, require_int
 from topas_bench.workloads.pieces import Piece, common, fill_pieces, length
 
-DEFAULTS = {"fallback_above": 128, "in_batch_check_tokens": 32, "in_batch_deprioritize_tokens": 32}
+#: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX` and `IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD` (=
+#: `IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD`).
+PREFIX_MATCH_MAX = 128
+IN_BATCH_THRESHOLD = 32
+DEFAULTS = {
+    "fallback_above": PREFIX_MATCH_MAX,
+    "in_batch_check_tokens": IN_BATCH_THRESHOLD,
+    "in_batch_deprioritize_tokens": IN_BATCH_THRESHOLD,
+}
 
 
 class LPM(Policy):
@@ -41,7 +56,8 @@ class LPM(Policy):
         self.fallback_above = fallback_above
         self.check = in_batch_check_tokens
         self.deprioritize = in_batch_deprioritize_tokens
-        if self.params != DEFAULTS:
+        thresholds = (fallback_above, in_batch_check_tokens, in_batch_deprioritize_tokens)
+        if thresholds != tuple(DEFAULTS.values()):
             # SGLang's constants cannot express other thresholds: the plugin serves this
             # policy on a server started with `fcfs`, whose queue bookkeeping then applies.
             self.sglang_policy = "fcfs"  # type: ignore[misc]
@@ -69,15 +85,24 @@ class LPM(Policy):
         return Decision(admit=sorted(queue, key=key))
 
     def _in_batch_demotions(self, queue: list[RequestView], hits: dict[int, int]) -> set[int]:
-        seen: list[list[Piece]] = []
-        demoted: set[int] = set()
-        for r in queue:
-            if hits[r.rid] > self.check:
-                continue
-            fill = fill_pieces(r.prompt, r.task_id, r.stage_id, r.generated)
-            n = length(fill)
-            if any(common(fill, other, n) >= self.deprioritize for other in seen):
-                demoted.add(r.rid)
-            else:
-                seen.append(fill)
-        return demoted
+        return in_batch_demotions(queue, hits, self.check, self.deprioritize)
+
+
+def in_batch_demotions(
+    queue: Sequence[RequestView], hits: Mapping[int, int], check: int, deprioritize: int
+) -> set[int]:
+    """`SchedulePolicy._compute_prefix_matches`'s in-batch prefix caching: rids of the requests,
+    in queue order, whose own cache hit is at most `check` tokens and which share at least
+    `deprioritize` tokens with an earlier such request that was not itself demoted."""
+    seen: list[list[Piece]] = []
+    demoted: set[int] = set()
+    for r in queue:
+        if hits[r.rid] > check:
+            continue
+        fill = fill_pieces(r.prompt, r.task_id, r.stage_id, r.generated)
+        n = length(fill)
+        if any(common(fill, other, n) >= deprioritize for other in seen):
+            demoted.add(r.rid)
+        else:
+            seen.append(fill)
+    return demoted

@@ -8,9 +8,23 @@ from typing import Any
 from topas_bench.registry import Registry
 from topas_bench.schedulers.autellix import Autellix
 from topas_bench.schedulers.base import Policy, reject_unknown
+from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
+from topas_bench.schedulers.kvflow import KVFlow
 from topas_bench.schedulers.lpm import LPM
+from topas_bench.schedulers.lpm_aging import LPMAging
 from topas_bench.schedulers.parrot import ParrotFCFS
+from topas_bench.schedulers.sglang_stock import (
+    HRRN,
+    DfsWeight,
+    LongestOutputFirst,
+    LPMLfu,
+    LPMPriority,
+    LPMSlru,
+    RandomOrder,
+    RoutingKey,
+    ShortestPrefillFirst,
+)
 from topas_bench.schedulers.spf import SPF
 from topas_bench.schedulers.topas import (
     Topas,
@@ -31,9 +45,29 @@ SCHEDULERS.add("topas-base", TopasBase)
 SCHEDULERS.add("topas-no-reuse", TopasNoReuse)
 SCHEDULERS.add("topas-no-aging", TopasNoAging)
 SCHEDULERS.add("topas-no-joint", TopasNoJoint)
+SCHEDULERS.add("kvflow", KVFlow)
+SCHEDULERS.add("continuum", Continuum)
+SCHEDULERS.add("lpm-aging", LPMAging)
+SCHEDULERS.add("dfs-weight", DfsWeight)
+SCHEDULERS.add("lof", LongestOutputFirst)
+SCHEDULERS.add("random", RandomOrder)
+SCHEDULERS.add("hrrn", HRRN)
+SCHEDULERS.add("routing-key", RoutingKey)
+SCHEDULERS.add("lpm-slru", LPMSlru)
+SCHEDULERS.add("lpm-lfu", LPMLfu)
+SCHEDULERS.add("lpm-priority", LPMPriority)
+SCHEDULERS.add("shortest-prefill-first", ShortestPrefillFirst)
 
 #: The paper's baselines, in the order tables show them.
 BASELINES = ("fcfs", "lpm", "spf", "parrot", "autellix")
+#: SGLang 0.5.23's own choices beyond `fcfs` and `lpm` (`sglang_stock`), in groups. Not
+#: `shortest-prefill-first`: its chunk cap runs SGLang out of memory on metagpt-tl (a crash,
+#: in both engines), so a group with it would stop a sweep; it runs by name.
+SGLANG_STOCK = (
+    "dfs-weight", "lof", "random", "hrrn", "routing-key", "lpm-slru", "lpm-lfu", "lpm-priority",
+)  # fmt: skip
+#: The peers the paper left out: systems that decide what to keep, and stock SGLang.
+PEERS = ("kvflow", "continuum", "lpm-aging", *SGLANG_STOCK)
 #: TOPAS's ablations (DESIGN section 5).
 ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint")
 

@@ -211,6 +211,7 @@ def run_sweep(
 
 def _check_names(specs: Sequence[SweepSpec]) -> None:
     """Unknown names and bad parameters fail before anything runs."""
+    from topas_bench.runners.cluster.routers import check_router
     from topas_bench.schedulers.registry import make_policy
     from topas_bench.workloads.registry import resolve
 
@@ -221,6 +222,8 @@ def _check_names(specs: Sequence[SweepSpec]) -> None:
             load_preset(p)
         for s in spec.schedulers:
             make_policy(s, **spec.scheduler_params.get(s, {}))
+        for r in spec.cluster_routers():
+            check_router(r, spec.router_params.get(r, {}))
 
 
 def _check_size(
@@ -246,8 +249,7 @@ def _check_size(
     groups = [(spec, g) for spec in specs for g in spec.groups()]
 
     def tasks(spec: SweepSpec, g: Group) -> int:
-        params = spec.workload_params.get(g.workload, {})
-        return spec.num_tasks or run_defaults(g.workload, params)[0]
+        return _tasks(spec, g)
 
     sizes = [tasks(spec, g) for spec, g in groups]
     if max(sizes) <= ESTIMATE_ABOVE_TASKS and sum(sizes) <= 20 * ESTIMATE_ABOVE_TASKS:
@@ -263,6 +265,8 @@ def _check_size(
         for spec, g in groups:
             cap = caps.get(_cap_key(spec, g))
             rate = g.load * cap if g.load is not None and cap is not None else g.rate_per_s
+            if rate is not None and g.load is None and g.replicas:
+                rate /= g.replicas  # probed on one server, at its share of a cluster's rate
             names = spec.schedulers if with_schedulers else ()
             key = (_cap_key(spec, g), names)
             if key not in probes:
@@ -350,19 +354,33 @@ def _plans(
             cap = caps[_cap_key(spec, g)] if g.load is not None else None
             rate = g.load * cap if g.load is not None and cap is not None else g.rate_per_s
             params = spec.workload_params.get(g.workload, {})
-            tasks = spec.num_tasks or run_defaults(g.workload, params)[0]
+            tasks = _tasks(spec, g)
+            if rate is not None and g.load is not None and g.replicas is not None:
+                rate *= g.replicas  # a load is per replica
             plan = plan_run(
                 workload=g.workload, schedulers=spec.schedulers, num_tasks=tasks,
                 seed=g.seed, rate_per_s=rate,
                 preset=g.preset, kv_budget_tokens=g.kv_budget_tokens,
                 length_hint=spec.length_hint, host_tier_tokens=spec.host_tier_tokens, out=out,
                 workload_params=params, scheduler_params=spec.scheduler_params,
+                replicas=g.replicas, router=g.router,
+                router_params=spec.router_params.get(g.router or "", {}),
             )  # fmt: skip
             if g.load is not None:
                 plan = replace(plan, load=g.load, capacity_tps=cap)
             for s in plan.schedulers:
                 cells.setdefault(plan.identity(s).run_dir(out), (plan, s))
     return list(cells.values())
+
+
+def _tasks(spec: SweepSpec, g: Group) -> int:
+    """A group's task count: `tasks` (or the workload's default), times the replicas with
+    `tasks_per_replica`."""
+    params = spec.workload_params.get(g.workload, {})
+    tasks = spec.num_tasks or run_defaults(g.workload, params)[0]
+    if spec.tasks_per_replica and g.replicas is not None:
+        tasks *= g.replicas
+    return tasks
 
 
 def _job(

@@ -28,6 +28,12 @@ default rate), presets, kv_budgets (tokens, or "derived" for the preset's), task
 200; a trace file: all of its), length_hint, host_tier_tokens, workload_params and
 scheduler_params (tables keyed by workload / scheduler name), out. An unknown key, a value of
 the wrong type or an unknown name is a `TopasError` naming the file and key.
+
+Clusters (docs/cluster.md): `replicas` (replica counts; absent = one server, no router) and
+`routers` (router names, default sglang-router's `cache-aware`; needs `replicas`) are two more
+dimensions, `router_params` their parameters (tables keyed by router name). A load, and the
+default rate, are per replica: a group of N replicas gets N times the single server's rate;
+`tasks_per_replica = true` scales the task count with N too (`tasks` per replica).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from topas_bench.runners.sim.config import LengthHint
 KEYS = (
     "workloads", "schedulers", "seeds", "loads", "rates", "presets", "kv_budgets", "tasks",
     "length_hint", "host_tier_tokens", "workload_params", "scheduler_params", "out",
+    "replicas", "routers", "router_params", "tasks_per_replica",
 )  # fmt: skip
 DEFAULT_PRESET = "a100-qwen32b"
 
@@ -58,6 +65,8 @@ class Group:
     load: float | None
     rate_per_s: float | None  # None with load None: the workload's default rate
     seed: int
+    replicas: int | None = None  # None: one server, no router
+    router: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,10 @@ class SweepSpec:
     host_tier_tokens: int = 0
     workload_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     scheduler_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    replicas: tuple[int, ...] = ()
+    routers: tuple[str, ...] = ()
+    router_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tasks_per_replica: bool = False
 
     def __post_init__(self) -> None:
         for name in ("workloads", "schedulers", "seeds", "presets", "kv_budgets"):
@@ -95,8 +108,20 @@ class SweepSpec:
             raise TopasError(f"sweep: `tasks` must be a positive integer, got {self.num_tasks}")
         if self.host_tier_tokens < 0:
             raise TopasError("sweep: `host_tier_tokens` must be >= 0")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.replicas):
+            raise TopasError("sweep: `replicas` must be positive integers")
+        for name in ("replicas", "routers"):
+            if len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise TopasError(
+                    f"sweep: `{name}` lists a value twice: {list(getattr(self, name))}"
+                )
+        if (self.routers or self.router_params or self.tasks_per_replica) and not self.replicas:
+            raise TopasError(
+                "sweep: `routers`, `router_params` and `tasks_per_replica` need `replicas`"
+            )
         for key, names in (("workload_params", self.workloads),
-                           ("scheduler_params", self.schedulers)):  # fmt: skip
+                           ("scheduler_params", self.schedulers),
+                           ("router_params", self.cluster_routers())):  # fmt: skip
             extra = sorted(set(getattr(self, key)) - set(names))
             if extra:
                 raise TopasError(f"sweep: `{key}` for {extra[0]!r}, which is not in this sweep")
@@ -105,14 +130,24 @@ class SweepSpec:
         levels: list[tuple[float | None, float | None]] = (
             [(x, None) for x in self.loads] or [(None, x) for x in self.rates] or [(None, None)]
         )
+        clusters: list[tuple[int | None, str | None]] = [
+            (n, r) for n in self.replicas for r in self.cluster_routers()
+        ] or [(None, None)]
         return [
-            Group(w, p, b, load, rate, s)
+            Group(w, p, b, load, rate, s, n, r)
             for w in self.workloads
             for p in self.presets
             for b in self.kv_budgets
             for load, rate in levels
+            for n, r in clusters
             for s in self.seeds
         ]
+
+    def cluster_routers(self) -> tuple[str, ...]:
+        """The routers of the sweep's clusters (sglang-router's default when none is named)."""
+        from topas_bench.runners.cluster.routers import DEFAULT_ROUTER
+
+        return self.routers or ((DEFAULT_ROUTER,) if self.replicas else ())
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -186,11 +221,29 @@ def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
         host_tier_tokens=_scalar(source, "host_tier_tokens", raw.get("host_tier_tokens", 0), int),
         workload_params=_tables(source, "workload_params", raw.get("workload_params", {})),
         scheduler_params=_tables(source, "scheduler_params", raw.get("scheduler_params", {})),
+        replicas=tuple(_list(source, "replicas", raw.get("replicas", []), int)),
+        routers=tuple(_routers(source, raw.get("routers", []))),
+        router_params=_tables(source, "router_params", raw.get("router_params", {})),
+        tasks_per_replica=_scalar(
+            source, "tasks_per_replica", raw.get("tasks_per_replica", False), bool
+        ),
     )
     out = raw.get("out")
     if out is not None and not isinstance(out, str):
         raise TopasError(f"{source}: `out` must be a path string")
     return spec, out
+
+
+def _routers(source: str, value: Any) -> list[str]:
+    """Router names (a list, or comma-separated as on the command line), each checked."""
+    from topas_bench.runners.cluster.routers import ROUTERS
+
+    names = [n.strip() for item in _list(source, "routers", value, str) for n in item.split(",")]
+    for name in names:
+        if name not in ROUTERS:
+            raise TopasError(f"{source}: `routers`: unknown router {name!r}; known: "
+                             f"{', '.join(ROUTERS.names())}")  # fmt: skip
+    return names
 
 
 def _list(source: str, key: str, value: Any, kind: type | tuple[type, ...]) -> list[Any]:
@@ -203,7 +256,7 @@ def _list(source: str, key: str, value: Any, kind: type | tuple[type, ...]) -> l
 
 
 def _scalar(source: str, key: str, value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, kind):
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
         raise TopasError(f"{source}: `{key}` must be {kind.__name__}, got {value!r}")
     return value
 

@@ -50,6 +50,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-
     MatchPrefixParams,
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore[import-not-found]
+from sglang.srt.runtime_context import get_memory  # type: ignore[import-not-found]
 
 from topas_bench.runners.sglang.guard import PolicyGuard
 from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
@@ -87,6 +88,11 @@ class Bridge:
         self.kv_budget_tokens = int(getattr(allocator, "size", 0))
         self.page_size = int(getattr(allocator, "page_size", 1) or 1)
         self.pins: dict[str, Any] = {}  # agent -> TreeLock
+        #: rid -> (TreeLock, task id, expiry): finished contexts kept (`Policy.context_ttl`)
+        self.contexts: dict[str, tuple[Any, str, float]] = {}
+        #: requests finished in the last batch, whose context the policy may keep
+        self.finished_pending: list[tuple[Req, TrackedRequest]] = []
+        self.asks_ttl = type(policy).context_ttl is not Policy.context_ttl
         #: What the in-flight chunked request still needs: its unprefilled tokens and decode
         #: headroom (set by the scheduler before each prefill attempt).
         self.chunk_rest = 0
@@ -142,7 +148,46 @@ class Bridge:
         self.preempt_ids = {r.engine.rid for r in decision.preempt if isinstance(r, TrackedRequest)}
         if decision.keep_prefixes is not None:
             self.keep(decision.keep_prefixes, running)
+        if decision.prefix_priority is not None:
+            self.set_prefix_priorities(decision.prefix_priority)
         return decision
+
+    def set_prefix_priorities(self, priorities: Mapping[str, int]) -> None:
+        """`Decision.prefix_priority` on the tree's nodes (the simulator's
+        `pins.set_prefix_priorities`): each agent's prefix device path, read-only. Needs the
+        Python tree core (the Rust one keeps its nodes to itself): without it, logged once and
+        skipped."""
+        core = getattr(self.tree_cache, "tree_core", None)
+        best: dict[int, tuple[Any, int]] = {}
+        # a policy's nonsense (a non-integer priority) is dropped, never raised in the server
+        priorities = {
+            a: p for a, p in priorities.items()
+            if isinstance(a, str) and isinstance(p, int) and not isinstance(p, bool)
+        }  # fmt: skip
+        try:
+            for agent in sorted(priorities):
+                ids = self.tracker.agent_prefixes.get(agent)
+                if not ids:
+                    continue
+                key = RadixKey(token_ids=array("q", ids))
+                matched, node_id, _ = core.match_full_device_prefix(key)  # type: ignore[union-attr]
+                n = core.node_by_id(node_id) if matched else None  # type: ignore[union-attr]
+                while n is not None and n is not core.root_node:  # type: ignore[union-attr]
+                    prev = best.get(id(n))
+                    if prev is None or priorities[agent] > prev[1]:
+                        best[id(n)] = (n, priorities[agent])
+                    n = n.parent
+        except (AttributeError, NotImplementedError):
+            if "prefix_priority" not in self._warned:
+                self._warned.add("prefix_priority")
+                logger.warning(
+                    "topas: %s sets prefix eviction priorities, which needs SGLang's Python "
+                    "tree core (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python); ignored",
+                    self.policy.name,
+                )
+            return
+        for n, priority in best.values():
+            n.priority = priority
 
     def keep(self, agents: frozenset[str], running: Sequence[Req]) -> None:
         """Lock the kept agents' prefix nodes, as far as the admission budget allows (a pin may
@@ -168,6 +213,39 @@ class Bridge:
         for lock in self.pins.values():
             self.tree_cache.unlock(lock)
         self.pins.clear()
+        for lock, _, _ in self.contexts.values():
+            self.tree_cache.unlock(lock)
+        self.contexts.clear()
+
+    def maintain_contexts(
+        self, waiting: Sequence[Req], running: Sequence[Req], chunk_rest: int
+    ) -> None:
+        """At an iteration's start (the simulator's `_maintain_contexts`): release contexts
+        whose time is up or whose task ended, then ask the policy about the requests that
+        finished in the last batch and lock each context its budget allows (locked, measured
+        by the evictable tokens it took, unlocked when too dear)."""
+        now = self.tracker.clock()
+        for rid in [r for r, (_, tid, exp) in self.contexts.items()
+                    if exp <= now or tid not in self.tracker.tasks]:  # fmt: skip
+            self.tree_cache.unlock(self.contexts.pop(rid)[0])
+        pending, self.finished_pending = self.finished_pending, []
+        if not pending:
+            return
+        self.tracker.sync(waiting, running)
+        view = SglangView(self, waiting, running)
+        for req, tr in pending:
+            if tr.task_id not in self.tracker.tasks or req.last_node is None:
+                continue
+            ttl = self.guard.context_ttl(self.policy, tr, view)
+            if ttl <= 0:
+                continue
+            room = self.remaining_total(running) - chunk_rest
+            before = int(self.tree_cache.evictable_size())
+            lock = self.tree_cache.lock(req.last_node)
+            if before - int(self.tree_cache.evictable_size()) > room:
+                self.tree_cache.unlock(lock)
+            else:
+                self.contexts[req.rid] = (lock, tr.task_id, now + ttl)
 
     def retraction_indices(self, reqs: Sequence[Req]) -> list[int]:
         """`_get_decode_retraction_order`: indices, most-preferred to keep first (SGLang pops
@@ -360,7 +438,7 @@ class TopasPrefillAdder(PrefillAdder):  # type: ignore[misc]
             return AddReqResult.OTHER  # the policy admits nobody past this point
         res = super().add_one_req(req, has_chunked_req, truncation_align_size)
         idle = not self.can_run_list and (self.running_batch is None or not self.running_batch.reqs)
-        if res == AddReqResult.NO_TOKEN and idle and self.bridge.pins:
+        if res == AddReqResult.NO_TOKEN and idle and (self.bridge.pins or self.bridge.contexts):
             # Liveness (as the simulator): kept prefixes may not starve an idle server.
             self.bridge.release_pins()
             res = super().add_one_req(req, has_chunked_req, truncation_align_size)
@@ -410,11 +488,20 @@ def make_scheduler_class(
                 estimator_factory(), clock=clock, unix_clock=unix_clock, on_decision=on_decision,
             )  # fmt: skip
             self._topas_batch_start = 0.0
+            # SGLang's own pass for the policy's `--schedule-policy` (its bookkeeping and
+            # order), whatever the server was started with; the simulator runs the same.
             self.policy = TopasSchedulePolicy(
-                self.schedule_policy, self.tree_cache, self.enable_hierarchical_cache,
+                self.topas.policy.sglang_policy, self.tree_cache, self.enable_hierarchical_cache,
                 self.enable_priority_scheduling, self.schedule_low_priority_values_first,
                 bridge=self.topas,
             )  # fmt: skip
+            want = self.topas.policy.radix_eviction_policy
+            have = get_memory().radix_eviction_policy
+            if str(have).lower() != want:
+                logger.warning(
+                    "topas: %s wants --radix-eviction-policy %s; the server runs %s",
+                    self.topas.policy.name, want, have,
+                )  # fmt: skip
             # The launcher waits for this line (stderr: whatever logging SGLang configured).
             print(f"topas: scheduler {self.topas.policy.name!r} installed", file=sys.stderr)
 
@@ -436,12 +523,27 @@ def make_scheduler_class(
                 running.batch_is_full = False
             # The policy's view reserves decode headroom at the ratio this pass admits with.
             self.topas.new_token_ratio = self.new_token_ratio_tracker.current
+            self.topas.chunk_rest = self._topas_chunk_rest()
+            return super()._get_new_batch_prefill_raw(*args, **kwargs)
+
+        def _topas_chunk_rest(self) -> int:
+            """What the in-flight chunked request still needs: its unprefilled tokens and
+            decode headroom."""
             chunked = self.chunked_req
-            self.topas.chunk_rest = 0 if chunked is None else (
+            return 0 if chunked is None else (
                 len(chunked.origin_input_ids) + len(chunked.output_ids) - chunked.prefix_len
                 + min(chunked.sampling_params.max_new_tokens, CLIP_MAX_NEW_TOKENS)
             )  # fmt: skip
-            return super()._get_new_batch_prefill_raw(*args, **kwargs)
+
+        def get_new_batch_prefill(self, running_batch: ScheduleBatch, *args: Any, **kw: Any) -> Any:
+            # Every iteration, once the last batch is merged: kept contexts expire or start
+            # (`Policy.context_ttl`), as in the simulator's `_step`.
+            bridge = self.topas
+            if bridge.contexts or bridge.finished_pending:
+                bridge.new_token_ratio = self.new_token_ratio_tracker.current
+                running = [r for r in running_batch.reqs if not r.finished()]
+                bridge.maintain_contexts(self.waiting_queue, running, self._topas_chunk_rest())
+            return super().get_new_batch_prefill(running_batch, *args, **kw)
 
         def _add_request_to_queue(self, req: Req, is_retracted: bool = False) -> Any:
             self.topas.tracker.requeued(req)  # a retraction or a preemption, if it ran
@@ -455,6 +557,12 @@ def make_scheduler_class(
             out = super().process_batch_result(batch, result)
             seconds = clock() - self._topas_batch_start
             tracker = self.topas.tracker
+            if self.topas.asks_ttl:
+                self.topas.finished_pending += [
+                    (r, tracker.requests[r.rid])
+                    for r in batch.reqs
+                    if r.finished() and r.rid in tracker.requests
+                ]
             for req in batch.reqs:
                 tracker.served(req, seconds)
             if batch.forward_mode.is_decode():
@@ -464,7 +572,8 @@ def make_scheduler_class(
             return out
 
         def update_running_batch(self, batch: ScheduleBatch) -> ScheduleBatch | None:
-            if self.topas.pins and not batch.is_empty() and not batch.check_decode_mem():
+            pinned = self.topas.pins or self.topas.contexts
+            if pinned and not batch.is_empty() and not batch.check_decode_mem():
                 self.topas.release_pins()  # running requests win over kept prefixes
             batch._get_decode_retraction_order = self.topas.retraction_indices
             return super().update_running_batch(batch)

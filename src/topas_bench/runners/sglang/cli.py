@@ -44,7 +44,11 @@ def serve(
       topas-bench serve --scheduler topas -- --model-path Qwen/Qwen2.5-32B-Instruct --port 30000
     """
     from topas_bench.cli_common import parse_assignments
-    from topas_bench.runners.sglang.launcher import check_server_python, plugin_env
+    from topas_bench.runners.sglang.launcher import (
+        check_server_python,
+        plugin_env,
+        policy_server_args,
+    )
     from topas_bench.runners.sim.cost import load_preset
     from topas_bench.schedulers.registry import make_policy
 
@@ -56,6 +60,7 @@ def serve(
     import os
 
     argv = [exe, "-m", "sglang.launch_server", *ctx.args]
+    argv += policy_server_args(scheduler, params, ctx.args)
     env = {**os.environ, **plugin_env(scheduler, params, preset)}
     typer.echo(f"starting: {' '.join(argv)} (TOPAS_SCHEDULER={scheduler})", err=True)
     raise typer.Exit(subprocess.call(argv, env=env))

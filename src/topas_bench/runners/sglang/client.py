@@ -87,6 +87,10 @@ class RequestRecord:
     finish_s: float
     status: str
     attempts: int
+    #: the base URL of the server that answered, when its answer names it (`system_fingerprint`)
+    served_by: str = ""
+    #: when the answered attempt was sent (after the client's own queue and prompt check)
+    sent_s: float = NAN
 
     def row(self) -> tuple[Any, ...]:
         """In `REQUEST_COLUMNS` order."""
@@ -235,6 +239,8 @@ class WorkflowClient:
         first = NAN
         usage: Any = None
         pieces = 0
+        served_by = ""
+        sent = self.now()
         try:
             stream = await self._api.completions.create(
                 model=self.cfg.model, prompt=text, max_tokens=st.output_tokens, temperature=0.0,
@@ -245,6 +251,7 @@ class WorkflowClient:
         try:
             async with asyncio.timeout(self.cfg.request_timeout_s):
                 async for chunk in stream:
+                    served_by = getattr(chunk, "system_fingerprint", None) or served_by
                     if any(c.text for c in chunk.choices or ()):
                         pieces += 1
                         if math.isnan(first):
@@ -271,7 +278,7 @@ class WorkflowClient:
         return RequestRecord(
             rid, task.id, st.id, st.agent, st.kind, prompt, output,
             float(cached) if isinstance(cached, int) else NAN, ready,
-            first if pieces else finish, finish, status, attempts,
+            first if pieces else finish, finish, status, attempts, str(served_by), sent,
         )  # fmt: skip
 
 

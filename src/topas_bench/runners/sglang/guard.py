@@ -15,9 +15,10 @@ decision cannot flood the server's log.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
-from topas_bench.schedulers.base import Decision, EngineView, Policy
+from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView
 
 LOGGER = logging.getLogger("topas_bench.sglang")
 
@@ -62,6 +63,19 @@ class PolicyGuard:
                 return answer
             self._count(f"{who} returned {type(answer).__name__}", None)
         return Decision()
+
+    def context_ttl(self, policy: Policy, finished: RequestView, view: EngineView) -> float:
+        """`policy.context_ttl`, or 0 (keep nothing) when it raises or answers something that
+        is not a number >= 0."""
+        try:
+            ttl = policy.context_ttl(finished, view)
+        except Exception as e:
+            self._count(f"context_ttl raised {type(e).__name__}", e)
+            return 0.0
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or math.isnan(ttl) or ttl < 0:
+            self._count(f"context_ttl returned {ttl!r}"[:80], None)
+            return 0.0
+        return float(ttl)
 
     def _count(self, kind: str, error: Exception | None) -> None:
         first = kind not in self.failures

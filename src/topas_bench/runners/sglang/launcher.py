@@ -73,6 +73,26 @@ def sglang_argv(
     return argv + list(extra)
 
 
+def policy_server_args(
+    scheduler: str, params: Mapping[str, object], extra: Sequence[str] = ()
+) -> list[str]:
+    """The `sglang.launch_server` arguments the scheduler needs and `extra` lacks: its radix
+    eviction policy (`Policy.radix_eviction_policy`, with its config) when not SGLang's
+    default `lru`. (The plugin builds SGLang's `SchedulePolicy` for the policy's own
+    `--schedule-policy` whatever the server was started with.)"""
+    import json
+
+    from topas_bench.schedulers.registry import make_policy
+
+    policy = make_policy(scheduler, **params)
+    if policy.radix_eviction_policy == "lru" or "--radix-eviction-policy" in extra:
+        return []
+    argv = ["--radix-eviction-policy", policy.radix_eviction_policy]
+    if policy.radix_eviction_config:
+        argv += ["--radix-eviction-policy-config", json.dumps(dict(policy.radix_eviction_config))]
+    return argv
+
+
 def plugin_env(scheduler: str, params: Mapping[str, object], preset: str) -> dict[str, str]:
     import json
 
@@ -185,6 +205,7 @@ def sglang_server(
     if not Path(model).exists() and not looks_like_hub_id(model):
         raise ServerError(f"--model {model!r}: no such model directory")
     port = free_port()
+    extra = [*extra, *policy_server_args(scheduler, params, extra)]
     return Server(
         argv=sglang_argv(python or sys.executable, model, port, kv_budget_tokens, extra),
         port=port, log_path=log_path, env=plugin_env(scheduler, params, preset),

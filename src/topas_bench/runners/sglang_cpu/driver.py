@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 import warnings
@@ -64,9 +65,11 @@ def reference_loop(
 
     cost = CostModel(load_preset(preset))
     clock = Clock()
+    policy = make_policy(scheduler, **params)
     loop = ReferenceLoop(
         workload, TokenIds.of(workload), cost, clock,
         record_timeline=server.record_timeline, on_task_done=on_task_done,
+        routing_key=policy.sglang_policy == "routing-key",
     )  # fmt: skip
     native = native_policy(scheduler, params)
     base: type = Scheduler
@@ -86,11 +89,22 @@ def reference_loop(
         "chunked_prefill_size": server.chunked_prefill_size,
         "max_prefill_tokens": server.max_prefill_tokens,
         "schedule_policy": native or "fcfs",
+        "radix_eviction_policy": policy.radix_eviction_policy,
+        "radix_eviction_policy_config": dict(policy.radix_eviction_config) or None,
     }
-    loop.sched = build_scheduler(
-        base, server_args, kv_tokens=server.kv_budget_tokens,
-        max_reqs=server.max_running_requests, script=loop.script, on_requeue=loop.on_requeue,
-    )  # fmt: skip
+    from sglang.srt.environ import envs  # type: ignore[import-not-found]
+
+    # a policy that sets node priorities needs SGLang's Python tree core (`Bridge`)
+    core = "python" if policy.sets_prefix_priority else server.tree_core
+    with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(core):
+        loop.sched = build_scheduler(
+            base, server_args, kv_tokens=server.kv_budget_tokens,
+            max_reqs=server.max_running_requests, script=loop.script,
+            on_requeue=loop.on_requeue,
+        )  # fmt: skip
+    if native == "random":
+        # SGLang shuffles with the global generator: seed it as the simulator seeds its own.
+        random.seed(policy.sglang_seed)
     return loop
 
 

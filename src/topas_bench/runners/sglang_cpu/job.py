@@ -10,9 +10,14 @@ from typing import Any
 
 from topas_bench.runners.sim.config import SimConfig
 
-#: Schedulers SGLang implements itself (`--schedule-policy`); with their default parameters
-#: they run as SGLang's own `SchedulePolicy`, every other scheduler through our plugin.
-NATIVE = {"fcfs": "fcfs", "lpm": "lpm"}
+#: Schedulers SGLang implements itself (`--schedule-policy`, and `--radix-eviction-policy` as
+#: the policy names it); they run as SGLang's own `SchedulePolicy` unless their parameters ask
+#: for something SGLang cannot express, every other scheduler through our plugin.
+NATIVE = {
+    "fcfs": "fcfs", "lpm": "lpm", "dfs-weight": "dfs-weight", "lof": "lof", "random": "random",
+    "hrrn": "hrrn", "shortest-prefill-first": "shortest-prefill-first",
+    "routing-key": "routing-key", "lpm-slru": "lpm", "lpm-lfu": "lpm", "lpm-priority": "lpm",
+}  # fmt: skip
 
 
 def native_policy(scheduler: str, params: dict[str, Any]) -> str | None:

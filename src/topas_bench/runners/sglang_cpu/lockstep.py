@@ -84,16 +84,21 @@ def lockstep_config(kv_budget_tokens: int = 2600) -> SimConfig:
     )  # fmt: skip
 
 
-def trace_sim(w: Workload, scheduler: str, cfg: SimConfig, preset: str) -> list[Step]:
+def trace_sim(
+    w: Workload, scheduler: str, cfg: SimConfig, preset: str, params: dict[str, Any] | None = None
+) -> list[Step]:
     from topas_bench.runners.sim.cost import CostModel, load_preset
     from topas_bench.schedulers.registry import make_policy
 
     trace: list[Step] = []
-    Simulator(w, make_policy(scheduler), CostModel(load_preset(preset)), cfg, trace=trace).run()
+    policy = make_policy(scheduler, **(params or {}))
+    Simulator(w, policy, CostModel(load_preset(preset)), cfg, trace=trace).run()
     return trace
 
 
-def trace_reference(w: Workload, scheduler: str, cfg: SimConfig, preset: str) -> list[Step]:
+def trace_reference(
+    w: Workload, scheduler: str, cfg: SimConfig, preset: str, params: dict[str, Any] | None = None
+) -> list[Step]:
     """SGLang's scheduler over `w`. The SGLang environment must already be set for `cfg`
     (`driver.set_env`), since SGLang reads it at import."""
     from topas_bench.runners.sglang_cpu.driver import reference_loop
@@ -102,21 +107,28 @@ def trace_reference(w: Workload, scheduler: str, cfg: SimConfig, preset: str) ->
 
     server = ServerSettings.of(cfg)
     path = model_dir(TokenIds.of(w).vocab_size, server.context_length)
-    loop = reference_loop(w, scheduler, {}, preset, server, path)
+    loop = reference_loop(w, scheduler, dict(params or {}), preset, server, path)
     trace: list[Step] = []
     loop.trace = trace
     loop.run()
     return trace
 
 
-def compare(seed: int, scheduler: str, *, tasks: int = 40, kv: int = 2600) -> dict[str, Any]:
+def compare(
+    seed: int,
+    scheduler: str,
+    *,
+    tasks: int = 40,
+    kv: int = 2600,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One random stream through both engines: the first divergence (None if they agree),
     and what the stream exercised."""
     w = random_workload(seed, tasks)
     cfg = lockstep_config(kv)
     preset = "h100-llama8b"
-    sim = trace_sim(w, scheduler, cfg, preset)
-    ref = trace_reference(w, scheduler, cfg, preset)
+    sim = trace_sim(w, scheduler, cfg, preset, params)
+    ref = trace_reference(w, scheduler, cfg, preset, params)
     div = first_divergence(sim, ref)
     prefills = [s for s in ref if s[0] == "prefill"]
     return {

@@ -103,8 +103,11 @@ class ReferenceLoop:
         record_timeline: bool = True,
         on_task_done: Callable[[int], None] | None = None,
         trace: list[Step] | None = None,
+        routing_key: bool = False,
     ) -> None:
         self.trace = trace
+        #: Send each request's agent as its `routing_key` (SGLang's `routing-key` policy).
+        self.routing_key = routing_key
         self.sched: Any = None  # the scheduler, built with this loop's script and hooks
         self.w = workload
         self.tokens = tokens
@@ -172,6 +175,7 @@ class ReferenceLoop:
             input_embeds=None, mm_inputs=None, token_type_ids=None, sampling_params=sp,
             return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
             token_ids_logprob=None, stream=False,
+            routing_key=stage.agent if self.routing_key else None,
         )  # fmt: skip
 
     # -- the server loop ----------------------------------------------------------------

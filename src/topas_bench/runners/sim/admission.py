@@ -108,11 +108,14 @@ class PrefillAdder:
             return AddResult.OTHER
         return AddResult.CONTINUE
 
-    def add_chunked(self, req: SimRequest) -> bool:
-        """Continue the in-flight chunked request; True if it is still unfinished after it."""
+    def add_chunked(self, req: SimRequest, limit: int | None = None) -> bool:
+        """Continue the in-flight chunked request, at most `limit` tokens when given
+        (`chunked_req_limit`); True if it is still unfinished after it."""
         avail = min(self.rem_chunk, int(self.remaining_total))
         if avail <= 0:
             avail = self.rem_chunk
+        if limit is not None:
+            avail = min(avail, limit)
         rest = req.fill_tokens - req.prefix_len
         truncated = rest > avail
         new = min(rest, avail)

@@ -42,8 +42,10 @@ import numpy.typing as npt
 
 from topas_bench.errors import TopasError
 from topas_bench.runners.sim.admission import AddResult, PrefillAdder, running_offset
+from topas_bench.runners.sim.calc_priority import QueuePass
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel
+from topas_bench.runners.sim.pins import ContextPins, Prefetcher, set_prefix_priorities
 from topas_bench.runners.sim.radix import Match, Node, RadixCache
 from topas_bench.runners.sim.records import Recorder, SimResult
 from topas_bench.runners.sim.state import SimRequest, TaskRun
@@ -58,9 +60,6 @@ ARRIVE, READY, ITER = 0, 1, 2
 #: `(request, cached tokens, new tokens)` or the decode batch size, free KV, evictable cache,
 #: waiting requests. The reference engine records the same (`sglang_cpu.loop`).
 Step = tuple[str, Any, int, int, int]
-#: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX` and `WAITING_PREFIX_REFRESH_INTERVAL`.
-PREFIX_MATCH_MAX = 128
-PREFIX_REFRESH_INTERVAL = 32
 
 
 class SimulationError(TopasError):
@@ -87,7 +86,17 @@ class Simulator:
         self.policy = policy
         self.cost = cost
         self.cfg = config
-        self.cache = RadixCache(config.host_tier_tokens)
+        self.cache = RadixCache(
+            config.host_tier_tokens, policy.radix_eviction_policy,
+            policy.radix_eviction_config.get("protected_threshold", 2),
+        )  # fmt: skip
+        self.queue_pass = QueuePass(
+            policy.sglang_policy, policy.radix_eviction_policy, policy.sglang_seed
+        )
+        #: `Scheduler.processed_tokens_counter` (`hrrn`'s clock): `extend_num_tokens` of every
+        #: batch run so far; a decode batch counts what the running batch's first prefill had.
+        self.processed_tokens = 0
+        self.decode_extend_tokens = 0
         self.private_tokens = 0
         self.waiting: list[SimRequest] = []  # SGLang's waiting_queue, in its order
         self.running: list[SimRequest] = []  # the running (decode) batch, in its order
@@ -96,9 +105,16 @@ class Simulator:
         self.batch_is_full = False
         self.ratio = config.init_new_token_ratio
         self.pins: dict[str, Node] = {}  # agent -> its locked prefix node (kept prefixes)
+        self.contexts = ContextPins(self.cache)  # finished contexts kept for a while
+        #: Requests finished in the last iteration, whose context the policy may keep.
+        self.finished_pending: list[SimRequest] = []
+        self._asks_ttl = type(policy).context_ttl is not Policy.context_ttl
+        self.prefetcher = Prefetcher(self.cache, cost.host_load_s)
         self.inbox: list[SimRequest] = []  # sent while the server was busy: not received yet
         self.agents_seen: set[str] = set()  # agents of the requests received so far
         self._ends: npt.NDArray[np.float64] | None = None  # step ends of the iteration run
+        #: The prefill-token counter before that run, and what each of its steps added.
+        self._ends_counter = (0, 0)
         self.now = 0.0
         self.tasks: dict[str, TaskRun] = {}
         self.prefix_tokens = {a.name: a.prefix_tokens for a in workload.agents}
@@ -115,9 +131,9 @@ class Simulator:
         self._rids = itertools.count()
         self._enqueues = itertools.count()
         self._busy = False
-        self._refresh_calls = 0
         self._on_task_done = on_task_done
         self._done_tasks = 0
+        self._resident: tuple[int, str] = (-1, "")  # (cache version, resident agents)
 
     # -- public -----------------------------------------------------------------------------
     @property
@@ -161,7 +177,7 @@ class Simulator:
         if self.free_tokens < 0:
             raise SimulationError(f"KV budget exceeded by {-self.free_tokens} tokens")
         locks: dict[int, int] = {}
-        for node in [*(r.lock_node for r in live), *self.pins.values()]:
+        for node in [*(r.lock_node for r in live), *self.pins.values(), *self.contexts.nodes()]:
             n = node
             while n is not None and n is not self.cache.root:
                 locks[id(n)] = locks.get(id(n), 0) + 1
@@ -187,6 +203,17 @@ class Simulator:
     def _push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
+    def _next_event_s(self) -> float | None:
+        """When the next event of the run happens (None: none is due); an idle server with
+        waiting requests and nothing due is stuck."""
+        return self._heap[0][0] if self._heap else None
+
+    def _run_horizon_s(self) -> float | None:
+        """The next moment a request may reach the server, where a closed-form run of decode
+        steps must stop (None: no bound). One server: the next event of the run. A replica of
+        a cluster (`runners.cluster.replica`) answers for itself."""
+        return self._next_event_s()
+
     def _arrive(self, task: Task) -> None:
         run = TaskRun(task)
         self.tasks[task.id] = run
@@ -209,23 +236,29 @@ class Simulator:
         ends = self._ends
         for req in self.inbox:
             t = self.now
+            counter = self.processed_tokens
             if ends is not None and req.sent_s < self.now:
-                t = float(ends[int(ends.searchsorted(req.sent_s, side="left"))])
+                j = int(ends.searchsorted(req.sent_s, side="left"))
+                t = float(ends[j])
+                counter = self._ends_counter[0] + self._ends_counter[1] * (j + 1)
             req.ready_s = t
             self.agents_seen.add(req.agent)
             self._enqueue(req, t)
+            req.arrival_processed_tokens = counter
         self.inbox = []
 
     def _enqueue(self, req: SimRequest, at_s: float | None = None) -> None:
         """`_add_request_to_queue`: new, retracted and preempted requests join at the end."""
         req.queued_s = self.now if at_s is None else at_s
         req.enqueue_seq = next(self._enqueues)
+        req.arrival_processed_tokens = self.processed_tokens
         req.task.set_state(req.stage_id, StageState.WAITING)
         self.waiting.append(req)
 
     # -- one iteration ------------------------------------------------------------------------
     def _step(self) -> None:
         self._receive()
+        self._maintain_contexts()
         adder = self._prefill_attempt()
         if adder is not None:
             self._start_prefill(adder)
@@ -233,7 +266,7 @@ class Simulator:
         if self.running:
             self._start_decode()
             return
-        if self.waiting and not self._heap:
+        if self.waiting and self._next_event_s() is None:
             raise SimulationError(
                 f"scheduler {self.policy.name!r} admitted nothing while the server was idle "
                 f"and {len(self.waiting)} requests waited"
@@ -260,7 +293,10 @@ class Simulator:
             self.cache, lambda: self.free_tokens, self.running, self.ratio, self.cfg
         )
         preempted = self._apply_preemptions(decision, adder)
-        still_chunked = self.chunked is not None and adder.add_chunked(self.chunked)
+        still_chunked = False
+        if self.chunked is not None:
+            limit = self.queue_pass.chunk_limit(self.chunked, self.waiting, adder.rem_chunk)
+            still_chunked = adder.add_chunked(self.chunked, limit)
         admit = None if decision is None else {r.rid for r in decision.admit}
         for req in self.waiting:
             if adder.budget_state() is AddResult.OTHER:
@@ -296,23 +332,19 @@ class Simulator:
     def _liveness(self, adder: PrefillAdder) -> bool:
         """Kept prefixes may not starve an idle server: with nothing admitted or running,
         release them and retry (as the plugin's adapter does)."""
-        if adder.batch or self.running or not self.pins:
+        if adder.batch or self.running or not (self.pins or self.contexts):
             return False
         self._release_pins()
         return True
 
     def _calc_priority(self) -> Decision | None:
-        """`SchedulePolicy.calc_priority` on the waiting queue, then the policy's decision
-        (the plugin's `Bridge.decide`): its admits first, in its order, the rest after."""
-        if self.policy.sglang_policy == "lpm" and len(self.waiting) <= PREFIX_MATCH_MAX:
-            for r in self.waiting:  # `_compute_prefix_matches`
-                self._match(r.fill())
-        elif self.waiting:  # `_touch_waiting_prefixes`
-            refresh = self._refresh_calls % PREFIX_REFRESH_INTERVAL == 0
-            self._refresh_calls += 1
-            if refresh:
-                for r in reversed(self.waiting[:PREFIX_MATCH_MAX]):
-                    self._match(r.fill())
+        """`SchedulePolicy.calc_priority` on the waiting queue (`calc_priority.QueuePass`: the
+        prefix bookkeeping and SGLang's own order for the policy's `sglang_policy`), then the
+        policy's decision (the plugin's `Bridge.decide`): its admits first, in its order, the
+        rest after."""
+        self.waiting = self.queue_pass.run(
+            self.waiting, self.cache, self._match_req, self.processed_tokens
+        )
         if not self.waiting:
             return None
         view = SimView(self)
@@ -324,7 +356,18 @@ class Simulator:
         self.waiting = first + [r for r in self.waiting if r.rid in waiting]
         if decision.keep_prefixes is not None:
             self._keep(decision.keep_prefixes)
+        if decision.prefix_priority is not None:
+            set_prefix_priorities(self.cache, decision.prefix_priority, self.prefix_tokens)
+        if decision.prefetch and self.cfg.host_tier_tokens:
+            self.prefetcher.run(
+                decision.prefetch, self.prefix_tokens, self.now, lambda: self.free_tokens,
+                self._evict_for,
+            )  # fmt: skip
         return decision
+
+    def _match_req(self, req: SimRequest) -> tuple[int, Node]:
+        m = self.cache.match(req.fill())
+        return m.gpu_tokens, m.node
 
     def _apply_preemptions(
         self, decision: Decision | None, adder: PrefillAdder
@@ -347,12 +390,7 @@ class Simulator:
         needs); unlock the others."""
         for agent in [a for a in self.pins if a not in agents]:
             self.cache.unlock(self.pins.pop(agent))
-        clip = self.cfg.clip_max_new_tokens
-        room: float = self.free_tokens + self.cache.evictable_tokens
-        room -= sum(running_offset(r, self.ratio, clip) for r in self.running)
-        if self.chunked is not None:  # what its next chunks need (the adapter's `chunk_rest`)
-            c = self.chunked
-            room -= c.fill_tokens - c.prefix_len + min(c.max_new_tokens, clip)
+        room = self._pin_room()
         for agent in sorted(agents - self.pins.keys()):
             tokens = self.prefix_tokens.get(agent, 0)
             if not tokens:
@@ -367,10 +405,41 @@ class Simulator:
                 self.pins[agent] = m.node
                 room -= cost
 
+    def _pin_room(self) -> float:
+        """What a pin may take: the admission budget, less the decode headroom running
+        requests reserve and what the in-flight chunked prefill still needs (the adapter's
+        `chunk_rest`)."""
+        clip = self.cfg.clip_max_new_tokens
+        room: float = self.free_tokens + self.cache.evictable_tokens
+        room -= sum(running_offset(r, self.ratio, clip) for r in self.running)
+        if self.chunked is not None:
+            c = self.chunked
+            room -= c.fill_tokens - c.prefix_len + min(c.max_new_tokens, clip)
+        return room
+
     def _release_pins(self) -> None:
         for node in self.pins.values():
             self.cache.unlock(node)
         self.pins.clear()
+        self.contexts.release_all()
+
+    def _maintain_contexts(self) -> None:
+        """At an iteration's start: release contexts whose time is up or whose task ended,
+        then ask the policy about the requests that finished in the last one
+        (`Policy.context_ttl`; the adapter does the same in `get_new_batch_prefill`)."""
+        if self.contexts:
+            self.contexts.expire(self.now, self.tasks)
+        pending, self.finished_pending = self.finished_pending, []
+        if not pending:
+            return
+        view = SimView(self)
+        for req in pending:
+            if req.task_id not in self.tasks or req.context_node is None:
+                continue
+            ttl = self.policy.context_ttl(req, view)
+            if ttl > 0:
+                expires = self.now + ttl
+                self.contexts.pin(req.rid, req.context_node, req.task_id, expires, self._pin_room())
 
     def _match(self, key: list[Piece], limit: int | None = None) -> Match:
         return self.cache.match(key, limit)
@@ -429,7 +498,10 @@ class Simulator:
         items = [(a.cached_before, a.new_tokens) for a in adder.batch]
         load = sum(a.match.host_tokens for a in adder.batch if a.match is not None)
         dur = self.cost.prefill_s(items) + (self.cost.host_load_s(load) if load else 0.0)
+        dur += self.prefetcher.stall([a.req.lock_node for a in adder.batch], self.now)
         new = sum(a.new_tokens for a in adder.batch)
+        self._ends_counter = (self.processed_tokens, new)
+        self.processed_tokens += new
         self.rec.iteration(1, self._row("prefill", dur, 1, [a.req for a in adder.batch], new))
         self.prefilling = [a.req for a in adder.batch]
         if self.trace is not None:
@@ -444,7 +516,7 @@ class Simulator:
     def _start_decode(self) -> None:
         """`update_running_batch`, then as many decode steps as nothing can interrupt."""
         b = len(self.running)
-        if self.pins and not self._decode_fits(b):
+        if (self.pins or self.contexts) and not self._decode_fits(b):
             self._release_pins()  # running requests win over kept prefixes (the adapter)
         if not self._decode_fits(b):
             self._retract()
@@ -456,6 +528,8 @@ class Simulator:
         steps = len(ends)
         self._decay(steps - 1)  # the later steps' (the first step's is above)
         self._alloc(b * steps)
+        self._ends_counter = (self.processed_tokens, self.decode_extend_tokens)
+        self.processed_tokens += self.decode_extend_tokens * steps
         for req in self.running:
             req.private_tokens += steps
         dur = float(ends[-1]) - self.now
@@ -473,10 +547,12 @@ class Simulator:
         if not self.rec.timeline_on:
             return None
         cache = self.cache
-        resident = "|".join(
-            a.name for a in self.workload.agents
-            if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
-        )  # fmt: skip
+        if self._resident[0] != cache.version:  # GPU residency changes bump the version
+            self._resident = (cache.version, "|".join(
+                a.name for a in self.workload.agents
+                if cache.probe([(agent_key(a.name), 0, a.prefix_tokens)])[0] >= a.prefix_tokens
+            ))  # fmt: skip
+        resident = self._resident[1]
         used = cache.gpu_tokens + self.private_tokens
         return (
             self.now, kind, steps, dur, len(batch), new, used, cache.gpu_tokens,
@@ -515,8 +591,11 @@ class Simulator:
             k = max(min(k, (self.free_tokens + self.cache.evictable_tokens) // b), 1)
         durs = self.cost.decode_steps_s(b, ctx, k)
         ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
-        if k > 1 and self._heap and not self.batch_is_full:
-            k = min(k, int(ends.searchsorted(self._heap[0][0], side="left")) + 1)
+        nxt = self._run_horizon_s()
+        if k > 1 and nxt is not None and not self.batch_is_full:
+            k = min(k, int(ends.searchsorted(nxt, side="left")) + 1)
+        if k > 1 and self.contexts:  # a context's release is seen at the next iteration
+            k = min(k, int(ends.searchsorted(self.contexts.next_expiry(), side="left")) + 1)
         return durs[:k], ends[:k]
 
     def _retract(self) -> None:
@@ -553,6 +632,7 @@ class Simulator:
             self.cache.unlock(req.lock_node)
             req.lock_node = None
         req.prefix_len = 0
+        req.inserted_len = 0  # `Req.reset_for_retract`
         req.preemptions += 1
         req.admitted_s = None
         self.rec.preemption()
@@ -576,9 +656,11 @@ class Simulator:
         running batch: the chunked request's chunk joins the tree (`stash_chunked_request`),
         and a chunked or finished request leaving the batch clears the latch. An empty running
         batch is replaced by the prefill batch (`running_batch = last_batch`), whose latch is
-        a new batch's: clear."""
+        a new batch's: clear, and its `extend_num_tokens` stays with it (`prepare_for_decode`
+        keeps it), so each decode step of it adds them to the prefill-token counter again."""
         self.prefilling = []
-        if not self.running:
+        replaced = not self.running
+        if replaced:
             self.batch_is_full = False
         chunk: tuple[SimRequest, int] | None = None
         for adm in adder.batch:
@@ -601,11 +683,25 @@ class Simulator:
         if chunk is not None:
             self._checkpoint(*chunk)
             self.batch_is_full = False
+        if replaced and self.running:
+            self.decode_extend_tokens = sum(a.new_tokens for a in adder.batch)
+
+    def _insert(self, req: SimRequest, up_to: int) -> Node:
+        """`UnifiedRadixCache.checkpoint_into_tree`'s inserts: the fill's first `up_to` tokens
+        (hits counted past what the request inserted before), then, when the fill goes past
+        the prompt, the prompt again at priority 1 (the prompt outlives the output under
+        `priority` eviction). Requests carry SGLang's default priority, 0."""
+        fill = req.fill()
+        last, _ = self.cache.insert(take(fill, up_to)[0], 0, req.inserted_len)
+        req.inserted_len = max(req.inserted_len, up_to)
+        if 0 < req.prompt_tokens < up_to:
+            self.cache.insert(take(fill, req.prompt_tokens)[0], 1)
+        return last
 
     def _checkpoint(self, req: SimRequest, up_to: int) -> None:
         """`checkpoint_kv_cache`: the computed fill joins the tree, the lock moves to it."""
         assert req.lock_node is not None
-        last, _ = self.cache.insert(take(req.fill(), up_to)[0])
+        last = self._insert(req, up_to)
         self.private_tokens -= up_to - req.prefix_len
         req.private_tokens -= up_to - req.prefix_len
         self.cache.lock(last)
@@ -619,8 +715,8 @@ class Simulator:
             req.generated += steps
             req.service_s += dur
             req.task.attained_s += dur
-        for d in durs:  # step by step, as the plugin observes a real server's steps
-            self.estimator.observe_decode(float(d), 1)
+        # step by step, as the plugin observes a real server's steps
+        self.estimator.observe_decode_steps(durs.tolist())
         finished = [r for r in self.running if r.remaining_output <= 0]
         if finished:
             self.running = [r for r in self.running if r.remaining_output > 0]
@@ -632,12 +728,14 @@ class Simulator:
         """`release_kv_cache(checkpoint=True)`: the fill up to the last computed token (the
         prompt and every output but the last) joins the tree; the request's locks go."""
         assert req.lock_node is not None
-        self.cache.insert(take(req.fill(), committed)[0])
+        req.context_node = self._insert(req, committed)
         self.private_tokens -= req.private_tokens
         req.private_tokens = 0
         self.cache.unlock(req.lock_node)
         req.lock_node = None
         req.finish_s = self.now
+        if self._asks_ttl:
+            self.finished_pending.append(req)
         self.estimator.observe(req.agent, req.kind, req.generated)
         self.rec.request(req)
         run = req.task

@@ -21,6 +21,9 @@ list of pieces (`workloads.pieces`); a child is found by its first token: the ke
 token (`start == 0`), `FILL` for a filler (which, at a given node, can only continue the key
 being filled there).
 
+Eviction order is SGLang's `--radix-eviction-policy` (`evict.py`: lru, lfu, slru, priority), with
+the per-node hit counts and priorities those strategies read.
+
 Extensions (no SGLang counterpart in the reference engine):
 - kept nodes (an agent prefix a policy wants resident) hold one extra lock;
 - an optional host tier (HiCache-like): an evicted GPU node moves to host memory when there is
@@ -36,11 +39,15 @@ import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from topas_bench.runners.sim.evict import eviction_key
 from topas_bench.workloads.pieces import Piece, common, first_token, length, take
 
 
 class Node:
-    __slots__ = ("children", "edge", "last_access", "lock", "on_gpu", "on_host", "parent", "tokens")
+    __slots__ = (
+        "children", "edge", "hit_count", "last_access", "lock", "on_gpu", "on_host", "parent",
+        "priority", "ready_s", "tokens",
+    )  # fmt: skip
 
     def __init__(self, edge: list[Piece], parent: Node | None, t: float) -> None:
         self.edge = edge
@@ -51,6 +58,9 @@ class Node:
         self.last_access = t
         self.on_gpu = True
         self.on_host = False
+        self.hit_count = 0  # inserts of distinct requests that walked it (lfu, slru)
+        self.priority = 0  # the highest inserting request's priority (priority eviction)
+        self.ready_s = 0.0  # when a prefetch from the host tier has brought it in
 
     def gpu_child_count(self) -> int:
         return sum(1 for c in self.children.values() if c.on_gpu)
@@ -71,9 +81,17 @@ class Match:
 
 
 class RadixCache:
-    """Token-exact radix tree with lock counts, LRU eviction and an optional host tier."""
+    """Token-exact radix tree with lock counts, SGLang's eviction orders and an optional host
+    tier."""
 
-    def __init__(self, host_capacity_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        host_capacity_tokens: int = 0,
+        eviction: str = "lru",
+        slru_protected_threshold: int = 2,
+    ) -> None:
+        self.eviction = eviction
+        self._key = eviction_key(eviction, slru_protected_threshold)
         self._time = 0.0
         self.root = Node([], None, 0.0)
         self.root.lock = 1  # the root is never evicted
@@ -115,6 +133,31 @@ class RadixCache:
             rest = take(rest, m)[1]
             node = child
         return gpu, host
+
+    def walk(self, key: Sequence[Piece]) -> list[Node]:
+        """The nodes `key` runs through, read-only: on the GPU, then on the host, the node
+        where it ends (maybe inside) included (`match_full_device_prefix`'s walk)."""
+        node, rest, out = self.root, list(key), []
+        while rest:
+            child = node.children.get(first_token(rest[0]))
+            if child is None or not (child.on_gpu or child.on_host):
+                break
+            m = common(child.edge, rest, length(rest))
+            out.append(child)
+            if m < child.tokens:
+                break
+            rest = take(rest, m)[1]
+            node = child
+        return out
+
+    def device_path(self, key: Sequence[Piece]) -> list[Node]:
+        """`walk`'s leading GPU nodes."""
+        out = []
+        for n in self.walk(key):
+            if not n.on_gpu:
+                break
+            out.append(n)
+        return out
 
     def nodes(self) -> Iterator[Node]:
         stack = list(self.root.children.values())
@@ -183,6 +226,8 @@ class RadixCache:
         new.lock = child.lock
         new.on_gpu = child.on_gpu
         new.on_host = child.on_host
+        new.priority = child.priority
+        new.hit_count = child.hit_count
         parent.children[first_token(head[0])] = new
         child.edge = tail
         child.tokens -= at
@@ -213,13 +258,19 @@ class RadixCache:
             n = n.parent
 
     # -- insertion ---------------------------------------------------------------------------
-    def insert(self, key: Sequence[Piece]) -> tuple[Node, int]:
+    def insert(
+        self, key: Sequence[Piece], priority: int = 0, inserted_len: int | None = None
+    ) -> tuple[Node, int]:
         """`insert`: put `key` in the tree. Returns (its last node, tokens newly placed on the
         GPU). Tokens already on the GPU are shared (the caller frees its duplicate KV);
-        host-only nodes are re-materialised from the new KV."""
+        host-only nodes are re-materialised from the new KV. Every walked node's priority
+        becomes at least `priority`; a node ending past `inserted_len` (what the inserting
+        request inserted before) counts a hit, as does the new leaf (`None`: no hits)."""
         node = self.root
         node.last_access = self._tick()
+        node.priority = max(node.priority, priority)
         added = 0
+        done = 0
         rest = list(key)
         while rest:
             child = node.children.get(first_token(rest[0]))
@@ -229,13 +280,20 @@ class RadixCache:
             m = common(child.edge, rest, length(rest))
             if m < child.tokens:
                 child = self._split(child, m)
+            child.priority = max(child.priority, priority)
             if not child.on_gpu:
                 self._to_gpu(child)
                 added += child.tokens
+            done += m
+            if inserted_len is not None and done > inserted_len:
+                child.hit_count += 1
             rest = take(rest, m)[1]
             node = child
         if rest:
             leaf = Node(rest, node, self._tick())
+            leaf.priority = priority
+            if inserted_len is not None and done + leaf.tokens > inserted_len:
+                leaf.hit_count = 1
             node.children[first_token(rest[0])] = leaf
             self.version += 1
             self.gpu_tokens += leaf.tokens
@@ -262,8 +320,9 @@ class RadixCache:
 
     # -- eviction ----------------------------------------------------------------------------
     def _evictable_leaves(self) -> list[tuple[float, Node]]:
+        key = self._key
         heap = [
-            (n.last_access, n)
+            (key(n), n)
             for n in self.nodes()
             if n.on_gpu and n.lock == 0 and n.gpu_child_count() == 0
         ]
@@ -271,7 +330,8 @@ class RadixCache:
         return heap
 
     def evict(self, tokens: int) -> int:
-        """Free at least `tokens` GPU tokens by evicting LRU unlocked leaves; returns freed."""
+        """Free at least `tokens` GPU tokens by evicting unlocked leaves in the eviction
+        policy's order (a parent whose last GPU child went joins the heap); returns freed."""
         if tokens <= 0:
             return 0
         heap = self._evictable_leaves()
@@ -288,7 +348,7 @@ class RadixCache:
                 and parent.on_gpu
                 and parent.gpu_child_count() == 0
             ):
-                heapq.heappush(heap, (parent.last_access, parent))
+                heapq.heappush(heap, (self._key(parent), parent))
         return freed
 
     def _evict_node(self, n: Node) -> None:
@@ -310,10 +370,9 @@ class RadixCache:
             return True
         # As SGLang's `evict_host`: a heap of host-only leaves; a parent whose last child went
         # becomes a leaf and joins it (else a host chain could never be freed).
+        key = self._key
         victims = [
-            (n.last_access, n)
-            for n in self.nodes()
-            if n.on_host and not n.on_gpu and not n.children
+            (key(n), n) for n in self.nodes() if n.on_host and not n.on_gpu and not n.children
         ]
         heapq.heapify(victims)
         while need > 0 and victims:
@@ -322,7 +381,7 @@ class RadixCache:
             parent = v.parent
             self._delete_subtree(v)
             if parent is not None and parent.on_host and not parent.on_gpu and not parent.children:
-                heapq.heappush(victims, (parent.last_access, parent))
+                heapq.heappush(victims, (key(parent), parent))
         return need <= 0
 
     def _delete_subtree(self, n: Node) -> None:

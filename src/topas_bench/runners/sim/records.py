@@ -28,6 +28,7 @@ TIMELINE_COLUMNS = [
     "kv_cache_tokens", "kv_private_tokens", "waiting", "resident_agents", "batch_agents",
 ]  # fmt: skip
 DECISION_COLUMNS = ["t_s", "wall_s", "waiting", "admit", "preempt"]
+_TIMELINE_INDEX = {c: i for i, c in enumerate(TIMELINE_COLUMNS)}
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,20 @@ class Recorder:
         self.iterations += steps
         if row is not None:
             self._timeline.append(row)
+
+    def shorten_last(self, dropped_steps: int, duration_s: float, dropped_tokens: int) -> None:
+        """The latest iteration run lost its last `dropped_steps` decode steps (a cluster's
+        replica cut it where a request reached it, `runners.cluster.replica`): it now lasts
+        `duration_s` and allocated `dropped_tokens` fewer KV tokens."""
+        self.iterations -= dropped_steps
+        if self._timeline_on and self._timeline:
+            row = list(self._timeline[-1])
+            col = _TIMELINE_INDEX
+            row[col["steps"]] -= dropped_steps
+            row[col["duration_s"]] = duration_s
+            for name in ("new_tokens", "kv_used_tokens", "kv_private_tokens"):
+                row[col[name]] -= dropped_tokens
+            self._timeline[-1] = tuple(row)
 
     def admission(self, prompt_tokens: int, hit_tokens: int) -> None:
         self.prompt_tokens += prompt_tokens

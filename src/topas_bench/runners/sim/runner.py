@@ -1,4 +1,7 @@
-"""One cell on the simulator (`--engine sim`): run the scheduler, write the run directory."""
+"""One cell on the simulator (`--engine sim`): run the scheduler, write the run directory.
+
+With `--replicas`/`--router` the plan runs on the simulated cluster (`runners.cluster`).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ def run_cell(
     force: bool = False,
     on_task_done: Callable[[int], None] | None = None,
 ) -> CellResult:
+    if plan.cluster is not None:  # N replicas behind a router: an engine made of engines
+        from topas_bench.runners.cluster.runner import run_cell as run_cluster_cell
+
+        return run_cluster_cell(plan, scheduler, force=force, on_task_done=on_task_done)
     ident = plan.identity(scheduler)
     run_dir = ident.run_dir(plan.out)
     digest = workload_digest(plan.workload)

@@ -22,13 +22,16 @@ class SimRequest:
         "_true_output",
         "admitted_s",
         "agent",
+        "arrival_processed_tokens",
         "cached_tokens",
+        "context_node",
         "enqueue_seq",
         "finish_s",
         "first_admitted_s",
         "first_token_s",
         "generated",
         "ignore_eos",
+        "inserted_len",
         "kind",
         "lock_node",
         "max_new_tokens",
@@ -71,6 +74,7 @@ class SimRequest:
         self.ready_s = now_s  # the server received it (the next iteration boundary)
         self.queued_s = now_s
         self.enqueue_seq = 0
+        self.arrival_processed_tokens = 0  # the server's prefill-token counter when queued
         self.admitted_s: float | None = None
         self.first_admitted_s: float | None = None
         self.first_token_s: float | None = None
@@ -82,6 +86,8 @@ class SimRequest:
         self.prefix_len = 0  # leading fill tokens the tree holds for it (locked)
         self.private_tokens = 0  # KV it holds outside the tree
         self.cached_tokens = 0  # prefix-cache hit at its latest admission
+        self.inserted_len = 0  # fill tokens it inserted into the tree (`cache_inserted_len`)
+        self.context_node: Node | None = None  # where its finished context ends in the tree
 
     @property
     def output_target(self) -> int:

@@ -1,0 +1,53 @@
+"""A cluster setting: how many replicas, which router, its parameters (`--replicas`, `--router`).
+
+It enters a run's identity as engine parameters (`engine_params`), so cells of different
+replica counts or routers never share a directory, with `CLUSTER_VERSION`: bump it whenever a
+change to the cluster code (client, routers, replica cuts) can change a result, so older
+cluster cells are rerun; the single-server engine's version stays as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from topas_bench.errors import TopasError
+from topas_bench.runners.cluster.routers import DEFAULT_ROUTER, check_router
+
+CLUSTER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """replicas: servers, each with its own scheduler instance and the run's KV budget.
+    router: a `routers.ROUTERS` name. router_params: its parameters (`Router.Params`)."""
+
+    replicas: int
+    router: str = DEFAULT_ROUTER
+    router_params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise TopasError(f"--replicas must be a positive integer, got {self.replicas!r}")
+        if self.replicas < 1:
+            raise TopasError(f"--replicas must be a positive integer, got {self.replicas}")
+        check_router(self.router, self.router_params)
+        object.__setattr__(self, "router_params", dict(self.router_params))
+
+    def engine_params(self) -> dict[str, Any]:
+        """What the setting adds to a run's identity."""
+        params: dict[str, Any] = {
+            "replicas": self.replicas,
+            "router": self.router,
+            "cluster_version": CLUSTER_VERSION,
+        }
+        if self.router_params:
+            params["router_params"] = dict(sorted(self.router_params.items()))
+        return params
+
+    def describe(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in sorted(self.router_params.items()))
+        return f"{self.replicas} replicas behind router {self.router}" + (
+            f" ({extra})" if extra else ""
+        )

@@ -1,0 +1,118 @@
+"""One cell on the simulated cluster (`--engine sim --replicas N --router NAME`).
+
+The cell holds the single-server layout (DESIGN section 8): `requests`, `tasks`, `timeline`
+and `decisions` tables and `run.json`, each table over all replicas with a `replica` column
+(a task's: the replica that served its last stage; `replicas_used`: how many replicas served
+its stages). `run.json`'s summary is the whole cluster's, its counters the sums over replicas,
+and `cluster` holds the setting, the router's own figures and one summary per replica
+(`per_replica`): requests, busy fraction, mean requests in the system, prefix hit rate,
+preemptions, tasks finished there and their mean JCT, mean request latency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from topas_bench.analysis.metrics import RunTables, run_info
+from topas_bench.plan import CellResult, RunPlan, stored_cell, workload_digest
+from topas_bench.results import write_run
+from topas_bench.runners.cluster.routers import Cluster, make_router
+from topas_bench.runners.cluster.sim import ClusterResult, ClusterSim
+from topas_bench.runners.sim.cost import CostModel
+from topas_bench.schedulers.registry import make_policy
+from topas_bench.unloaded import with_unloaded_jct
+
+
+def run_cell(
+    plan: RunPlan,
+    scheduler: str,
+    *,
+    force: bool = False,
+    on_task_done: Callable[[int], None] | None = None,
+) -> CellResult:
+    cfg = plan.cluster
+    assert cfg is not None
+    ident = plan.identity(scheduler)
+    run_dir = ident.run_dir(plan.out)
+    digest = workload_digest(plan.workload)
+    if not force and (stored := stored_cell(scheduler, run_dir, digest)) is not None:
+        return stored
+    cost = CostModel(plan.preset)
+    prefixes = {a.name: a.prefix_tokens for a in plan.workload.agents}
+    cluster = Cluster(
+        cfg.replicas, kv_budget_tokens=plan.kv_budget_tokens, prefix_tokens=prefixes, cost=cost
+    )
+    router = make_router(cfg.router, cluster, cfg.router_params)
+    params = plan.scheduler_params.get(scheduler, {})
+    policies = [make_policy(scheduler, **params) for _ in range(cfg.replicas)]
+    res = ClusterSim(plan.workload, policies, cost, plan.sim, router, on_task_done).run()
+    requests = res.table("requests")
+    tasks = with_replicas_used(res.table("tasks"), requests)
+    tasks = with_unloaded_jct(tasks, plan.workload, plan.preset, plan.sim)
+    counters = {
+        "preemptions": float(sum(r.preemptions for r in res.replicas)),
+        "admitted_prompt_tokens": float(sum(r.prefill_tokens for r in res.replicas)),
+        "cached_prompt_tokens": float(sum(r.cached_tokens for r in res.replicas)),
+        "iterations": float(sum(r.iterations for r in res.replicas)),
+    }
+    decisions = res.table("decisions")
+    recorded = run_info(RunTables(tasks, requests, decisions, counters))
+    tables = {
+        "requests": requests, "tasks": tasks, "timeline": res.table("timeline"),
+        "decisions": decisions,
+    }  # fmt: skip
+    info = {
+        **recorded,
+        "counters": counters,
+        "sim_time_s": res.sim_time_s,
+        "wall_s": res.wall_s,
+        "load": plan.load,
+        "capacity_tps": plan.capacity_tps,
+        "workload_digest": digest,
+        "cluster": {
+            **cfg.engine_params(),
+            "router_params": dict(cfg.router_params),
+            "router_stats": res.router,
+            "per_replica": per_replica(res, requests, tasks),
+        },
+    }
+    write_run(run_dir, ident, tables, info)
+    return CellResult(
+        scheduler, run_dir, recorded["summary"], res.sim_time_s, res.wall_s,
+        extra={"per_replica": info["cluster"]["per_replica"]},
+    )  # fmt: skip
+
+
+def with_replicas_used(tasks: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """`tasks` with `replicas_used`: how many replicas served its stages."""
+    used = requests.groupby("task_id")["replica"].nunique()
+    return tasks.assign(replicas_used=tasks["task_id"].map(used).astype("int64"))
+
+
+def per_replica(
+    res: ClusterResult, requests: pd.DataFrame, tasks: pd.DataFrame
+) -> list[dict[str, Any]]:
+    """One summary per replica (module docstring); rates over the run's span."""
+    span = float(tasks["finish_s"].max() - tasks["arrival_s"].min()) if len(tasks) else 0.0
+    out = []
+    for i, r in enumerate(res.replicas):
+        q = requests[requests["replica"] == i]
+        t = tasks[tasks["replica"] == i]
+        latency = (q["finish_s"] - q["ready_s"]).to_numpy(dtype=float)
+        out.append({
+            "replica": i,
+            "requests": len(q),
+            "busy_fraction": res.busy_s[i] / span if span > 0 else math.nan,
+            "mean_in_system": float(latency.sum()) / span if span > 0 else math.nan,
+            "prefix_hit_rate": r.cached_tokens / r.prefill_tokens if r.prefill_tokens else math.nan,
+            "admitted_prompt_tokens": r.prefill_tokens,
+            "preemptions": r.preemptions,
+            "tasks_finished": len(t),
+            "mean_jct_s": float(t["jct_s"].mean()) if len(t) else math.nan,
+            "mean_latency_s": float(latency.mean()) if len(q) else math.nan,
+        })  # fmt: skip
+    return out

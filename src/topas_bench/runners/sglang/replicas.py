@@ -1,0 +1,75 @@
+"""A real cluster cell's per-replica tables and summaries (`run --engine sglang --replicas N`).
+
+The client sees the router, not the replicas. The requests table adds `sent_s` (when the
+answered attempt left the client, after its own queue and prompt check: about when the router
+routed it) and `replica`: the worker that answered, when the answer names one
+(`system_fingerprint` set to the worker's base URL, as the test workers do; SGLang leaves it
+empty, and the replica is then -1). Each replica's timeline comes from its own server log
+(`calibrate.timeline_from_log`), so busy time and batch sizes are per replica whatever the
+answers say. The layout is the simulated cluster's (`runners.cluster.runner`): a `replica`
+column in every table, `replicas_used` per task, and `run.json`'s `cluster` with
+`per_replica` summaries and the router's registry order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from topas_bench.runners.sglang.fleet import Fleet
+from topas_bench.runners.sim.records import TIMELINE_COLUMNS
+
+
+def replica_tables(
+    fleet: Fleet, requests: pd.DataFrame, served_by: list[str], tasks: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(requests, tasks, timeline) with replica columns; `served_by` is in `requests`' order."""
+    from topas_bench.runners.cluster.runner import with_replicas_used
+    from topas_bench.runners.sglang.calibrate import timeline_from_log
+
+    requests = requests.assign(replica=[fleet.replica(u) if u else -1 for u in served_by])
+    last = requests.sort_values("finish_s").groupby("task_id")["replica"].last()
+    tasks = tasks.assign(replica=tasks["task_id"].map(last).fillna(-1).astype("int64"))
+    tasks = with_replicas_used(tasks, requests)
+    frames = [
+        timeline_from_log(w.log_text()).assign(replica=i) for i, w in enumerate(fleet.workers)
+    ]
+    timeline = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if timeline.empty:
+        timeline = pd.DataFrame([], columns=[*TIMELINE_COLUMNS, "replica"])
+    else:
+        timeline = timeline.sort_values(["t_s", "replica"], kind="stable").reset_index(drop=True)
+    return requests, tasks, timeline
+
+
+def per_replica(
+    fleet: Fleet, requests: pd.DataFrame, tasks: pd.DataFrame, timeline: pd.DataFrame
+) -> list[dict[str, Any]]:
+    """As the simulator's (`runners.cluster.runner.per_replica`), from what a client and the
+    server logs see: no preemptions; the hit rate over the calls whose answer reported it."""
+    span = float(tasks["finish_s"].max() - tasks["arrival_s"].min()) if len(tasks) else 0.0
+    out = []
+    for i, w in enumerate(fleet.workers):
+        q = requests[(requests["replica"] == i) & (requests["status"] == "ok")]
+        t = tasks[tasks["replica"] == i]
+        tl = timeline[timeline["replica"] == i]
+        cached = q["cached_tokens"].astype(float)
+        prompt = float(q["prompt_tokens"][cached.notna()].sum())
+        latency = (q["finish_s"] - q["ready_s"]).to_numpy(dtype=float)
+        busy = float(tl["duration_s"].astype(float).sum())
+        out.append({
+            "replica": i,
+            "url": w.url,
+            "requests": len(q),
+            "busy_fraction": busy / span if span > 0 and len(tl) else math.nan,
+            "mean_in_system": float(latency.sum()) / span if span > 0 else math.nan,
+            "prefix_hit_rate": float(cached.sum()) / prompt if prompt else math.nan,
+            "admitted_prompt_tokens": prompt,
+            "preemptions": math.nan,
+            "tasks_finished": len(t),
+            "mean_jct_s": float(t["jct_s"].mean()) if len(t) else math.nan,
+            "mean_latency_s": float(latency.mean()) if len(q) else math.nan,
+        })  # fmt: skip
+    return out

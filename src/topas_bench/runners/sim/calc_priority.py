@@ -1,0 +1,161 @@
+"""SGLang 0.5.23's `SchedulePolicy.calc_priority` on the simulator's waiting queue.
+
+`managers/schedule_policy.py`, for the `--schedule-policy` a topas-bench policy names
+(`Policy.sglang_policy`); the policy decides afterwards, on the queue as this leaves it (the
+plugin's `TopasSchedulePolicy` runs SGLang's own pass the same way):
+- `_determine_active_policy`: `lpm` and `hrrn` fall back to `fcfs` above 128 waiting requests;
+- cache-aware policies (`lpm`, `dfs-weight`, `hrrn`, `shortest-prefill-first`) match every
+  waiting request (`_compute_prefix_matches`: splits, LRU stamps, the in-batch demotions of
+  `lpm.in_batch_demotions`) and sort: `lpm` by matched length, `dfs-weight` depth-first over
+  the tree, heaviest subtree first (`_dfs_weight_order`), `hrrn` by prefill tokens processed
+  since the request queued per uncached input token (ties on the rid, which the reference
+  engine makes `task/stage`), `shortest-prefill-first` by uncached work, then queue entry;
+- `lof` sorts by `max_new_tokens`, longest first; `random` shuffles (`random.shuffle`, here a
+  generator seeded by the policy, as the reference engine seeds SGLang's global one);
+- cache-agnostic passes refresh the first 128 requests' prefixes every 32nd call
+  (`_touch_waiting_prefixes`), only under LRU eviction;
+- `shortest_prefill_chunk_limit`: under `shortest-prefill-first` the in-flight chunk is cut to
+  leave room for the shorter waiting requests.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Protocol
+
+from topas_bench.runners.sim.radix import Node, RadixCache
+from topas_bench.runners.sim.state import SimRequest
+from topas_bench.schedulers.lpm import IN_BATCH_THRESHOLD, PREFIX_MATCH_MAX, in_batch_demotions
+
+CACHE_AWARE = frozenset({"lpm", "dfs-weight", "hrrn", "shortest-prefill-first"})
+SORTED = frozenset({*CACHE_AWARE, "lof", "random"})
+#: SGLang's `WAITING_PREFIX_REFRESH_INTERVAL`.
+PREFIX_REFRESH_INTERVAL = 32
+
+
+class Matcher(Protocol):
+    def __call__(self, req: SimRequest) -> tuple[int, Node]:
+        """Match `req`'s fill in the tree (stamping it): (device tokens, last device node)."""
+        ...
+
+
+class QueuePass:
+    """One server's `SchedulePolicy`: its counters and the last pass's matches."""
+
+    def __init__(self, policy: str, eviction: str, seed: int = 0) -> None:
+        self.policy = policy
+        self.eviction = eviction
+        self.rng = random.Random(seed)
+        self._refresh_calls = 0
+        #: rid -> `num_matched_prefix_tokens` from the last cache-aware pass
+        self.matched: dict[int, int] = {}
+        self.demoted: set[int] = set()
+
+    def active(self, waiting: int) -> str:
+        if self.policy in ("lpm", "hrrn") and waiting > PREFIX_MATCH_MAX:
+            return "fcfs"
+        return self.policy
+
+    def run(
+        self, waiting: list[SimRequest], cache: RadixCache, match: Matcher, processed: int
+    ) -> list[SimRequest]:
+        """The queue after SGLang's pass (`processed`: its prefill-token counter)."""
+        active = self.active(len(waiting))
+        if active not in CACHE_AWARE:
+            self._touch(waiting, match, active)
+            if active == "lof":
+                return sorted(waiting, key=lambda r: -r.max_new_tokens)
+            if active == "random":
+                out = list(waiting)
+                self.rng.shuffle(out)
+                return out
+            return waiting
+        nodes: dict[int, Node] = {}
+        hits: dict[int, int] = {}
+        self.matched = {}
+        for r in waiting:
+            hits[r.rid], nodes[r.rid] = match(r)
+            self.matched[r.rid] = min(hits[r.rid], r.fill_tokens - 1)
+        self.demoted = in_batch_demotions(waiting, hits, IN_BATCH_THRESHOLD, IN_BATCH_THRESHOLD)
+        if active == "lpm":
+            inf = float("inf")
+            return sorted(
+                waiting, key=lambda r: inf if r.rid in self.demoted else -self.matched[r.rid]
+            )
+        if active == "dfs-weight":
+            return dfs_weight_order(cache.root, waiting, nodes)
+        if active == "hrrn":
+            return sorted(waiting, key=lambda r: self._hrrn_key(r, processed))
+        return sorted(waiting, key=lambda r: (r.rid in self.demoted, self._work(r), r.enqueue_seq))
+
+    def _touch(self, waiting: list[SimRequest], match: Matcher, active: str) -> None:
+        if not waiting or self.eviction != "lru":
+            return
+        refresh = self._refresh_calls % PREFIX_REFRESH_INTERVAL == 0
+        self._refresh_calls += 1
+        if refresh:
+            for r in reversed(waiting[:PREFIX_MATCH_MAX]):
+                match(r)
+
+    def _work(self, r: SimRequest) -> int:
+        """`_shortest_prefill_work`: uncached fill tokens, at least 1."""
+        return max(1, r.fill_tokens - self.matched.get(r.rid, 0))
+
+    def _hrrn_key(self, r: SimRequest, processed: int) -> tuple[float, str]:
+        rid = f"{r.task_id}/{r.stage_id}"
+        if r.rid in self.demoted:
+            return (float("inf"), rid)
+        uncached = max(0, r.prompt_tokens - self.matched[r.rid])
+        if uncached <= 0:
+            return (-float("inf"), rid)
+        waited = max(0, processed - r.arrival_processed_tokens)
+        return (-(waited / uncached), rid)
+
+    def chunk_limit(
+        self, chunked: SimRequest, waiting: Sequence[SimRequest], budget: int
+    ) -> int | None:
+        """`shortest_prefill_chunk_limit` (page size 1), None when it does not apply."""
+        if self.policy != "shortest-prefill-first" or budget < 2:
+            return None
+        remaining = chunked.fill_tokens - chunked.prefix_len
+        reserved = 0
+        for r in waiting:
+            work = self._work(r)
+            if work >= remaining or reserved + work > budget - 1:
+                break
+            reserved += work
+        return budget - reserved if reserved else None
+
+
+def dfs_weight_order(
+    root: Node, waiting: Sequence[SimRequest], nodes: dict[int, Node]
+) -> list[SimRequest]:
+    """`_dfs_weight_order`: weight = waiting requests whose match ends at or below a node;
+    depth-first from the root, children heaviest first (ties in the tree's child order), a
+    node's requests in queue order after its subtree."""
+    at: dict[int, list[SimRequest]] = {}
+    for r in waiting:
+        at.setdefault(id(nodes[r.rid]), []).append(r)
+    weight: dict[int, int] = {k: len(v) for k, v in at.items()}
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, visited = stack.pop()
+        if visited:
+            w = weight.get(id(node), 0)
+            w += sum(weight.get(id(c), 0) for c in node.children.values())
+            weight[id(node)] = w
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in reversed(list(node.children.values())))
+    order: list[SimRequest] = []
+    stack = [(root, False)]
+    while stack:
+        node, visited = stack.pop()
+        if visited:
+            order.extend(at.get(id(node), ()))
+            continue
+        children = sorted(node.children.values(), key=lambda c: -weight.get(id(c), 0))
+        stack.append((node, True))
+        stack.extend((c, False) for c in reversed(children))
+    return order
