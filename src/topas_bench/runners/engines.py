@@ -31,7 +31,10 @@ ENGINES: Registry[Engine] = Registry("engine")
 for _e in (
     # v2: SGLang 0.5.23's batch_is_full latch, LRU refresh on match, token-granular radix
     # with node splits, PrefillAdder/retraction accounting as the reference engine measures.
-    Engine("sim", 2, "discrete-event simulator of one SGLang server (default)",
+    # v3: a finished request's prompt is split from its output in the tree (as SGLang's
+    # checkpoint_into_tree), so eviction can drop the output and keep the prompt; the policy
+    # seams of the peers (calc_priority variants, eviction policies, pins, TTL retention).
+    Engine("sim", 3, "discrete-event simulator of one SGLang server (default)",
            "topas_bench.runners.sim.runner"),
     Engine("sglang-cpu", 1, "SGLang 0.5.23's own Scheduler on CPU, virtual clock (reference)",
            "topas_bench.runners.sglang_cpu.engine"),
