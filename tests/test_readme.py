@@ -38,6 +38,14 @@ NOT_RUN = {
     "topas-bench calibrate runs/.../server.log --preset a100-qwen32b -o a100-qwen32b-cal.toml":
         "an SGLang server log (tests/test_sglang_calibrate.py)",
     "topas-bench run -w metagpt-tl --preset ./a100-qwen32b-cal.toml": "calibrate's output",
+    "topas-bench sweep --config results/evaluation-paper.toml --out runs/eval-paper --compact -j 2":
+        "the evaluation: 680 runs, about two core-hours (tests/test_sweep.py covers sweeps)",
+    "topas-bench report runs/eval-paper --out results/evaluation-paper --allow-mixed-revisions":
+        "the evaluation sweep's output (tests/test_report.py covers reports)",
+    "topas-bench fidelity -w chain3,dag4,dag10-wide,metagpt-sop,metagpt-tl -s "
+    "fcfs,lpm,spf,parrot,autellix,topas -n 200":
+        "60 cells on SGLang's own scheduler, about an hour (tests/test_sglang_cpu_engine.py "
+        "runs a small fidelity comparison)",
 }  # fmt: skip
 
 

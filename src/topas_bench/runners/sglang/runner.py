@@ -42,6 +42,7 @@ from topas_bench.runners.sglang.launcher import (
     ServerError,
     check_server_python,
     looks_like_hub_id,
+    replica_gpu_args,
     sglang_server,
 )
 from topas_bench.runners.sglang.prompts import PromptBuilder, server_tokenizer
@@ -199,10 +200,12 @@ def _fleet(plan: RunPlan, scheduler: str, opts: SglangOptions, run_dir: Path) ->
             params=plan.scheduler_params.get(scheduler, {}),
             preset=plan.preset.source or plan.preset.name,  # a preset file by its absolute path
             kv_budget_tokens=None if plan.kv_budget_derived else plan.kv_budget_tokens,
-            extra=opts.server_args,
+            extra=opts.server_args
+            if plan.cluster is None
+            else replica_gpu_args(opts.server_args, i),
             log_path=run_dir / log,
         )
-        for log in logs
+        for i, log in enumerate(logs)
     ]
     if plan.cluster is None:
         return Fleet(workers)
