@@ -170,4 +170,4 @@ def test_regenerated_reference_subset_matches(tmp_path: Path) -> None:
     assert code == 0, output
     code, output = invoke("compare", out, REFERENCE, "--allow-missing")
     assert code == 0, output
-    assert "compared 9 scheduler rows" in output  # the 5 baselines, topas, 3 ablations
+    assert "compared 10 scheduler rows" in output  # the 5 baselines, topas, 4 ablations

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ import pytest
 from typer.testing import CliRunner
 
 from results_fixture import identity, write_fixture, write_one
+from topas_bench import results
 from topas_bench.analysis.collect import collect
 from topas_bench.cli import app
-from topas_bench.results import RESULTS_FORMAT, check_cell, read_meta
+from topas_bench.results import LEFTOVER_AGE_S, RESULTS_FORMAT, check_cell, read_meta
 
 TINY = ["-w", "chain3", "-s", "fcfs,lpm", "--rate", "0.05", "--seeds", "0,1", "-n", "5"]
 
@@ -114,7 +116,32 @@ def test_a_killed_writer_never_leaves_a_cell_that_looks_complete(tmp_path: Path)
     assert left.name.startswith(f".{cell.name}.tmp-")
     with pytest.raises(Exception, match="no finished runs"):
         collect(root)  # not taken for a run, not even a partial one
-    write_one(root, "fcfs", 0, [1, 2, 3, 4])  # the next writer clears it
+    write_one(root, "fcfs", 0, [1, 2, 3, 4])  # a young one may be a writer at work: kept
+    assert sorted(p.name for p in cell.parent.iterdir()) == sorted([cell.name, left.name])
+    assert check_cell(cell) is None
+    aged = time.time() - LEFTOVER_AGE_S - 1
+    os.utime(left, (aged, aged))
+    write_one(root, "fcfs", 0, [1, 2, 3, 4])  # an old one is a killed writer's: cleared
+    assert [p.name for p in cell.parent.iterdir()] == [cell.name] and check_cell(cell) is None
+
+
+def test_two_writers_of_one_cell_both_succeed(tmp_path: Path, monkeypatch: Any) -> None:
+    """Parallel tuning workers can run one identity at once: the second to finish keeps the
+    first's cell (the same results: a cell is a function of its identity) and fails nothing."""
+    root = tmp_path / "runs"
+    write_one(root, "fcfs", 0, [1, 2, 3, 4])
+    cell = identity("fcfs", 0).run_dir(root)
+    first = cell.with_name("first-copy")
+    os.rename(cell, first)
+    real_rename = os.rename
+
+    def other_writer_first(src: Any, dst: Any) -> None:  # the other writer wins the race
+        if Path(dst) == cell and not cell.exists():
+            real_rename(first, cell)
+        real_rename(src, dst)
+
+    monkeypatch.setattr(results.os, "rename", other_writer_first)
+    write_one(root, "fcfs", 0, [1, 2, 3, 4])
     assert [p.name for p in cell.parent.iterdir()] == [cell.name] and check_cell(cell) is None
 
 

@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -157,8 +158,9 @@ def write_run(
 ) -> None:
     """Write the cell whole into a temporary sibling directory, then rename it into place
     (module docstring). A cell already at `run_dir` (a forced or corrupt rerun) is replaced;
-    its files other than `RESULT_FILES` are carried over. One writer per cell at a time: a
-    sweep runs each cell once, and a writer clears the leftovers of killed writers first."""
+    its files other than `RESULT_FILES` are carried over. A sweep runs each cell once; two
+    writers of one cell (parallel tuning workers) both succeed and one copy stays. A writer
+    clears the old leftovers of killed writers first."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     _clear_leftovers(run_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.tmp-", dir=run_dir.parent))
@@ -189,9 +191,16 @@ def write_run(
 
 def _swap_into_place(tmp: Path, run_dir: Path) -> None:
     """Rename `tmp` to `run_dir`. An existing `run_dir` is first renamed aside, then deleted:
-    a kill between the two renames leaves no cell at all (it is rerun), never half of one."""
+    a kill between the two renames leaves no cell at all (it is rerun), never half of one.
+    When another writer put the same cell in place meanwhile (parallel tuning workers can run
+    one identity twice; a cell is a function of its identity), its copy is kept."""
     if not run_dir.exists():
-        os.rename(tmp, run_dir)
+        try:
+            os.rename(tmp, run_dir)
+        except OSError:
+            if not run_dir.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
         return
     old = run_dir.with_name(f".{run_dir.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
     os.rename(run_dir, old)
@@ -199,11 +208,23 @@ def _swap_into_place(tmp: Path, run_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+#: a temporary or set-aside directory of a cell older than this is a killed writer's leftover
+#: (a writer creates its directory after the simulation, and fills it in seconds)
+LEFTOVER_AGE_S = 900.0
+
+
 def _clear_leftovers(run_dir: Path) -> None:
-    """Temporary or set-aside directories of this cell that a killed writer left behind."""
+    """Temporary or set-aside directories of this cell that a killed writer left behind: those
+    older than `LEFTOVER_AGE_S`, so a writer of the same cell at work now keeps its own."""
+    now = time.time()
     for stale in run_dir.parent.glob(f".{run_dir.name}.*"):
-        if stale.is_dir() and stale.name.rsplit(".", 1)[-1].startswith(("tmp-", "old-")):
-            shutil.rmtree(stale, ignore_errors=True)
+        if not stale.name.rsplit(".", 1)[-1].startswith(("tmp-", "old-")):
+            continue
+        try:
+            if stale.is_dir() and now - stale.stat().st_mtime > LEFTOVER_AGE_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            continue  # removed by its own writer meanwhile
 
 
 def is_hidden(path: Path, root: Path) -> bool:
