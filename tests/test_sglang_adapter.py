@@ -60,6 +60,7 @@ if __name__ != "__main__":  # the SGLang venv has no pytest
             "kept_prefix_survives_eviction",
             "pins_yield_on_an_idle_server",
             "malformed_custom_params",
+            "request_logged",
             "retraction_order",
             "preemption_applied",
             "plugin_replaces_scheduler",
@@ -309,6 +310,24 @@ def malformed_custom_params() -> None:
     assert len(waiting) == 6
     tasks = bridge.tracker.tasks
     assert "t5" in tasks and sum(t.startswith("untagged/") for t in tasks) == 5
+
+
+@check
+def request_logged() -> None:
+    # The server log names every tagged request (which replica served it, in a cluster), and
+    # only those.
+    import contextlib
+    import io
+
+    from topas_bench.runners.sglang.request_log import served
+
+    bridge, _, _ = _bridge("fcfs", 4000)
+    w = _workload([("A", 10, 10)] * 2)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        bridge.on_new_request(_req(w.tasks[0], w.tasks[0].stages[0], 200))
+        bridge.on_new_request(_req(w.tasks[1], w.tasks[1].stages[0], 200, custom={"other": 1}))
+    assert served(err.getvalue()) == {("t0", "s0")}, err.getvalue()
 
 
 @check

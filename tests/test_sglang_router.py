@@ -166,8 +166,11 @@ def test_real_router_matches_the_simulated_one(
 
 
 def test_round_robin_and_simulator_only_routers(
-    router_env: Path, stubs: Path, tmp_path: Path
+    router_env: Path, stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # answers that do not name their worker, as SGLang's: each call's replica comes from the
+    # server logs (the plugin's line per tagged request)
+    monkeypatch.setenv("STUB_FINGERPRINT", "0")
     trace = tmp_path / "bursts.jsonl"
     _trace(trace)
     res = _run(tmp_path / "rr", router_env, trace, "--router", "round-robin")
@@ -176,6 +179,13 @@ def test_round_robin_and_simulator_only_routers(
     req = pd.read_parquet(cell / "requests.parquet")
     counts = req["replica"].value_counts()
     assert counts.max() - counts.min() <= 1  # round-robin over the three workers
+    urls = [r["url"] for r in json.loads((cell / "run.json").read_text())["cluster"]["per_replica"]]
+    worker = {
+        (r["task"], r["stage"]): urls.index(r["worker"])
+        for f in sorted(stubs.glob("*.jsonl"))
+        for r in map(json.loads, f.read_text().splitlines())
+    }
+    assert [worker[(r.task_id, r.stage_id)] for r in req.itertuples()] == list(req["replica"])
     bad = _run(tmp_path / "x", router_env, trace, "--router", "workflow-aware")
     assert bad.exit_code == 2 and "exists only in the simulator" in bad.output
     bad = _run(tmp_path / "x", router_env, trace, "--endpoint", "http://127.0.0.1:1")

@@ -52,6 +52,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-
 from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore[import-not-found]
 from sglang.srt.runtime_context import get_memory  # type: ignore[import-not-found]
 
+from topas_bench.runners.sglang import request_log
 from topas_bench.runners.sglang.guard import PolicyGuard
 from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
 from topas_bench.schedulers.base import Decision, Policy, PrefixLocation, PrefixView
@@ -105,7 +106,11 @@ class Bridge:
     # -- requests -------------------------------------------------------------------------
     def on_new_request(self, req: Req) -> None:
         before = dict(self.tracker.untagged)
-        self.tracker.add(req)
+        tr = self.tracker.add(req)
+        if tr.meta.workflow != "untagged":  # which replica served it, for a cluster's tables
+            # straight to the server log, as the installed line: SGLang's logging setup decides
+            # nothing about it
+            print(request_log.line(tr.meta.task_id, tr.meta.stage_id), file=sys.stderr, flush=True)
         for reason, n in self.tracker.untagged.items():
             if n != before.get(reason, 0) and reason not in self._warned:
                 self._warned.add(reason)

@@ -3,8 +3,10 @@
 The client sees the router, not the replicas. The requests table adds `sent_s` (when the
 answered attempt left the client, after its own queue and prompt check: about when the router
 routed it) and `replica`: the worker that answered, when the answer names one
-(`system_fingerprint` set to the worker's base URL, as the test workers do; SGLang leaves it
-empty, and the replica is then -1). Each replica's timeline comes from its own server log
+(`system_fingerprint` set to the worker's base URL, as the test workers do), else the one
+replica whose server log has the plugin's line for that call (`request_log`: SGLang leaves
+the fingerprint empty); -1 when neither tells (an untagged call, or a call retried on two
+replicas). Each replica's timeline comes from its own server log
 (`calibrate.timeline_from_log`), so busy time and batch sizes are per replica whatever the
 answers say. The layout is the simulated cluster's (`runners.cluster.runner`): a `replica`
 column in every table, `replicas_used` per task, and `run.json`'s `cluster` with
@@ -28,8 +30,19 @@ def replica_tables(
     """(requests, tasks, timeline) with replica columns; `served_by` is in `requests`' order."""
     from topas_bench.runners.cluster.runner import with_replicas_used
     from topas_bench.runners.sglang.calibrate import timeline_from_log
+    from topas_bench.runners.sglang.request_log import served
 
-    requests = requests.assign(replica=[fleet.replica(u) if u else -1 for u in served_by])
+    logged: dict[tuple[str, str], int] = {}
+    for i, w in enumerate(fleet.workers):
+        for key in served(w.log_text()):
+            logged[key] = i if key not in logged else -1  # in two logs: ambiguous
+    keys = zip(requests["task_id"].astype(str), requests["stage_id"].astype(str), strict=True)
+    requests = requests.assign(
+        replica=[
+            fleet.replica(u) if u else logged.get(key, -1)
+            for u, key in zip(served_by, keys, strict=True)
+        ]
+    )
     last = requests.sort_values("finish_s").groupby("task_id")["replica"].last()
     tasks = tasks.assign(replica=tasks["task_id"].map(last).fillna(-1).astype("int64"))
     tasks = with_replicas_used(tasks, requests)

@@ -1,6 +1,6 @@
 """A stand-in for `python -m sglang.launch_server` that speaks as much of SGLang's HTTP API as
-sglang-router 0.3.2 and the workflow client need (standard library only): the CPU stand-in of
-the real-router tests (tests/test_sglang_router.py).
+sglang-router 0.3.2 and the workflow client need (the standard library and the project's
+`request_log`): the CPU stand-in of the real-router tests (tests/test_sglang_router.py).
 
 `shim(DIR)` writes DIR/sglang/launch_server.py running it; with DIR first on PYTHONPATH, the
 project's launcher starts it as it would start SGLang. It answers what the router calls at
@@ -9,7 +9,9 @@ spellings, `/v1/models`), the client's `/tokenize` (one token per space-separate
 BOS), and streaming `/v1/completions`: `max_tokens` chunks, STUB_TOKEN_S seconds apart, then
 the usage block. Like SGLang with the topas plugin, it prints the plugin's installed line. It
 keeps a prefix cache of the prompts it served (in words, unbounded) and reports the hit as
-`cached_tokens`; every chunk names the worker in `system_fingerprint` (its base URL). Each
+`cached_tokens`; every chunk names the worker in `system_fingerprint` (its base URL; empty, as
+SGLang leaves it, with STUB_FINGERPRINT=0), and with TOPAS_SCHEDULER set it prints the plugin's
+line for each tagged request (`request_log`). Each
 completion is logged as one JSON line in STUB_LOG_DIR/<port>.jsonl: receive and finish times,
 the prompt, the task metadata (`custom_params`: task, stage, the task's arrival on the client's
 clock), the tokens cached.
@@ -25,11 +27,14 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from topas_bench.runners.sglang import request_log
+
 PORT = 0
 MODEL = "stub-model"
 URL = ""
 TOKEN_S = 0.002
 LOG_DIR: str | None = None
+FINGERPRINT = True  # name the worker in `system_fingerprint` (SGLang does not: STUB_FINGERPRINT=0)
 LOCK = threading.Lock()
 SEEN: list[list[str]] = []  # prompts served, as words
 
@@ -95,6 +100,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/v1/completions":
             return self.reply(404, {"error": "not found"})
         words = body["prompt"].split()
+        meta = json.loads((body.get("custom_params") or {}).get("topas", "{}"))
+        if os.environ.get("TOPAS_SCHEDULER") and isinstance(meta.get("task"), str):
+            # what the topas plugin logs for a tagged request (`request_log`)
+            print(request_log.line(meta["task"], str(meta.get("stage"))), file=sys.stderr,
+                  flush=True)  # fmt: skip
         with LOCK:
             cached = cached_words(words)
             SEEN.append(words)
@@ -104,7 +114,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         base = {"id": "cmpl-stub", "object": "text_completion", "model": MODEL,
-                "system_fingerprint": URL}  # fmt: skip
+                "system_fingerprint": URL if FINGERPRINT else ""}  # fmt: skip
         for _ in range(n):
             time.sleep(TOKEN_S)
             chunk = {**base, "choices": [{"index": 0, "text": " x", "finish_reason": None}]}
@@ -118,7 +128,6 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
         if LOG_DIR:
-            meta = json.loads((body.get("custom_params") or {}).get("topas", "{}"))
             line = {"worker": URL, "t_recv": t_recv, "t_done": time.time(), "cached": cached,
                     "task": meta.get("task"), "stage": meta.get("stage"),
                     "arrival": meta.get("arrival"),
@@ -129,13 +138,14 @@ class Handler(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> None:
     """Serve on `--port` (other launch_server arguments are ignored) until killed."""
-    global PORT, MODEL, URL, TOKEN_S, LOG_DIR
+    global PORT, MODEL, URL, TOKEN_S, LOG_DIR, FINGERPRINT
     args = sys.argv[1:] if argv is None else argv
     PORT = int(args[args.index("--port") + 1])
     MODEL = args[args.index("--model-path") + 1] if "--model-path" in args else "stub-model"
     URL = f"http://127.0.0.1:{PORT}"
     TOKEN_S = float(os.environ.get("STUB_TOKEN_S", "0.002"))
     LOG_DIR = os.environ.get("STUB_LOG_DIR")
+    FINGERPRINT = os.environ.get("STUB_FINGERPRINT", "1") != "0"
     if os.environ.get("TOPAS_SCHEDULER"):  # what the topas plugin prints once installed
         print(f"topas: scheduler {os.environ['TOPAS_SCHEDULER']!r} installed", file=sys.stderr,
               flush=True)  # fmt: skip
