@@ -93,16 +93,20 @@ def policy_server_args(
     return argv
 
 
-def _flag_value(argv: Sequence[str], names: Sequence[str]) -> str | None:
-    """The value of the last of `names` in `argv` (`--flag value` or `--flag=value`)."""
-    found = None
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                found = argv[i + 1]
-            elif arg.startswith(name + "="):
-                found = arg[len(name) + 1 :]
-    return found
+def _take_flag(argv: Sequence[str], names: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The value of the last of `names` in `argv` (`--flag value` or `--flag=value`), and
+    `argv` without any of them."""
+    found, rest = None, []
+    args = iter(argv)
+    for arg in args:
+        name = next((n for n in names if arg == n or arg.startswith(n + "=")), None)
+        if name is None:
+            rest.append(arg)
+        elif arg == name:
+            found = next(args, found)
+        else:
+            found = arg[len(name) + 1 :]
+    return found, rest
 
 
 def replica_gpu_args(extra: Sequence[str], replica: int) -> list[str]:
@@ -110,27 +114,15 @@ def replica_gpu_args(extra: Sequence[str], replica: int) -> list[str]:
     replicas take disjoint GPUs: replica i starts at the user's `--base-gpu-id` (default 0)
     plus i x its GPUs (`--tp-size` / `--tensor-parallel-size`, default 1), as one would start
     N SGLang servers by hand. Any `--base-gpu-id` in `extra` is replaced."""
-    base = _flag_value(extra, ("--base-gpu-id",))
-    tp = _flag_value(extra, ("--tp-size", "--tensor-parallel-size", "--tp"))
+    base, rest = _take_flag(extra, ("--base-gpu-id",))
+    tp, _ = _take_flag(extra, ("--tp-size", "--tensor-parallel-size", "--tp"))
     try:
         first, per = int(base or 0), int(tp or 1)
     except ValueError:
         raise ServerError(
             f"--base-gpu-id / --tp-size must be integers, got {base!r} / {tp!r}"
         ) from None
-    out: list[str] = []
-    skip = False
-    for arg in extra:
-        if skip:
-            skip = False
-            continue
-        if arg == "--base-gpu-id":
-            skip = True
-            continue
-        if arg.startswith("--base-gpu-id="):
-            continue
-        out.append(arg)
-    return [*out, "--base-gpu-id", str(first + replica * per)]
+    return [*rest, "--base-gpu-id", str(first + replica * per)]
 
 
 def plugin_env(scheduler: str, params: Mapping[str, object], preset: str) -> dict[str, str]:

@@ -32,9 +32,10 @@ def replica_tables(
     from topas_bench.runners.sglang.calibrate import timeline_from_log
     from topas_bench.runners.sglang.request_log import served
 
+    logs = [w.log_text() for w in fleet.workers]  # read once: calls served, then timelines
     logged: dict[tuple[str, str], int] = {}
-    for i, w in enumerate(fleet.workers):
-        for key in served(w.log_text()):
+    for i, text in enumerate(logs):
+        for key in served(text):
             logged[key] = i if key not in logged else -1  # in two logs: ambiguous
     keys = zip(requests["task_id"].astype(str), requests["stage_id"].astype(str), strict=True)
     requests = requests.assign(
@@ -46,9 +47,7 @@ def replica_tables(
     last = requests.sort_values("finish_s").groupby("task_id")["replica"].last()
     tasks = tasks.assign(replica=tasks["task_id"].map(last).fillna(-1).astype("int64"))
     tasks = with_replicas_used(tasks, requests)
-    frames = [
-        timeline_from_log(w.log_text()).assign(replica=i) for i, w in enumerate(fleet.workers)
-    ]
+    frames = [timeline_from_log(text).assign(replica=i) for i, text in enumerate(logs)]
     timeline = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if timeline.empty:
         timeline = pd.DataFrame([], columns=[*TIMELINE_COLUMNS, "replica"])
