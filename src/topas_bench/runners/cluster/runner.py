@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
 
-from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.plan import CellResult, RunPlan, stored_cell, workload_digest
-from topas_bench.results import write_run
 from topas_bench.runners.cluster.routers import Cluster, make_router
 from topas_bench.runners.cluster.sim import ClusterResult, ClusterSim
+from topas_bench.runners.sim.cell import write_sim_cell
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.schedulers.registry import make_policy
-from topas_bench.unloaded import with_unloaded_jct
 
 
 def run_cell(
@@ -52,39 +51,28 @@ def run_cell(
     res = ClusterSim(plan.workload, policies, cost, plan.sim, router, on_task_done).run()
     requests = res.table("requests")
     tasks = with_replicas_used(res.table("tasks"), requests)
-    tasks = with_unloaded_jct(tasks, plan.workload, plan.preset, plan.sim)
     counters = {
         "preemptions": float(sum(r.preemptions for r in res.replicas)),
         "admitted_prompt_tokens": float(sum(r.prefill_tokens for r in res.replicas)),
         "cached_prompt_tokens": float(sum(r.cached_tokens for r in res.replicas)),
         "iterations": float(sum(r.iterations for r in res.replicas)),
     }
-    decisions = res.table("decisions")
-    recorded = run_info(RunTables(tasks, requests, decisions, counters))
     tables = {
         "requests": requests, "tasks": tasks, "timeline": res.table("timeline"),
-        "decisions": decisions,
+        "decisions": res.table("decisions"),
     }  # fmt: skip
-    info = {
-        **recorded,
-        "counters": counters,
-        "sim_time_s": res.sim_time_s,
-        "wall_s": res.wall_s,
-        "load": plan.load,
-        "capacity_tps": plan.capacity_tps,
-        "workload_digest": digest,
-        "cluster": {
-            **cfg.engine_params(),
-            "router_params": dict(cfg.router_params),
-            "router_stats": res.router,
-            "per_replica": per_replica(res, requests, tasks),
-        },
+    replicas = per_replica(res, requests, tasks)
+    setting = {
+        **cfg.engine_params(),
+        "router_params": dict(cfg.router_params),
+        "router_stats": res.router,
+        "per_replica": replicas,
     }
-    write_run(run_dir, ident, tables, info)
-    return CellResult(
-        scheduler, run_dir, recorded["summary"], res.sim_time_s, res.wall_s,
-        extra={"per_replica": info["cluster"]["per_replica"]},
+    result = write_sim_cell(
+        plan, scheduler, ident, digest, tables, counters, res.sim_time_s, res.wall_s,
+        extra={"cluster": setting},
     )  # fmt: skip
+    return replace(result, extra={"per_replica": replicas})
 
 
 def with_replicas_used(tasks: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.plan import CellResult, RunPlan, stored_cell, workload_digest
-from topas_bench.results import write_run
+from topas_bench.runners.sim.cell import write_sim_cell
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.engine import Simulator
 from topas_bench.schedulers.registry import make_policy
-from topas_bench.unloaded import with_unloaded_jct
 
 
 def run_cell(
@@ -41,21 +39,10 @@ def run_cell(
         "cached_prompt_tokens": float(res.cached_tokens),
         "iterations": float(res.iterations),
     }
-    tasks = with_unloaded_jct(res.tasks, plan.workload, plan.preset, plan.sim)  # for goodput
-    recorded = run_info(RunTables(tasks, res.requests, res.decisions, counters))
-    summary = recorded["summary"]
     tables = {
-        "requests": res.requests, "tasks": tasks,
+        "requests": res.requests, "tasks": res.tasks,
         "timeline": res.timeline, "decisions": res.decisions,
     }  # fmt: skip
-    info = {
-        **recorded,
-        "counters": counters,
-        "sim_time_s": res.sim_time_s,
-        "wall_s": res.wall_s,
-        "load": plan.load,
-        "capacity_tps": plan.capacity_tps,
-        "workload_digest": digest,
-    }
-    write_run(run_dir, ident, tables, info)
-    return CellResult(scheduler, run_dir, summary, res.sim_time_s, res.wall_s)
+    return write_sim_cell(
+        plan, scheduler, ident, digest, tables, counters, res.sim_time_s, res.wall_s
+    )
