@@ -1,4 +1,4 @@
-"""The `topas-bench` command line, driven through typer's CliRunner (STYLE 10)."""
+"""The `topas-bench` command line, driven through typer's CliRunner, as a user calls it."""
 
 from __future__ import annotations
 
@@ -252,7 +252,7 @@ def test_suggested_minimum_budget_is_enough(tmp_path: Path) -> None:
     assert result.exit_code == 2
     # chain3's largest call: 4,096 prefix + 256 input or output, + 256 output; SGLang clips
     # max_new_tokens to budget - prompt - 2, which must leave the whole output
-    assert "(prompt 4,352 + output 256 tokens)" in result.stderr
+    assert "(prompt 4,352 + output 256 + 2 spare tokens = 4,610)" in result.stderr
     found = re.search(r"raise --kv-budget to at least ([\d,]+)", result.stderr)
     assert found is not None
     least = int(found.group(1).replace(",", ""))
@@ -283,7 +283,7 @@ BAD_RUNS = [
     (
         ("--kv-budget", "100"),
         "KV budget of 100 tokens is smaller than the largest call in 'chain3' (prompt 4,352 + "
-        "output 256 tokens); raise --kv-budget to at least 4,610",
+        "output 256 + 2 spare tokens = 4,610); raise --kv-budget to at least 4,610",
     ),
     (("--length-hint", "foo"), "--length-hint must be `none` or `oracle`, got 'foo'"),
     (("--engine", "foo"), "unknown engine 'foo'; known: sim"),
@@ -585,3 +585,21 @@ def test_saturation_takes_range_parameters() -> None:
         "metagpt-sop", (("prd_tokens", (250, 350)),), pre, pre.derived_kv_budget_tokens
     )
     assert f"fcfs  {want:.5f} tasks/s" in result.stdout
+
+
+# -- small things a new user meets -----------------------------------------------------------
+def test_version() -> None:
+    from topas_bench import __version__
+
+    assert ok("--version").stdout.strip() == f"topas-bench {__version__}"
+
+
+def test_default_rate_on_another_setting_warns_and_suggests_load(tmp_path: Path) -> None:
+    base = ("run", "-w", "chain3", "-s", "fcfs", "-n", "2", "--out", tmp_path)
+    other = ok(*base, "--preset", "h100-llama8b")
+    said = " ".join(other.stderr.split())
+    assert "warning: chain3's default rate" in said and "--load 0.8" in said
+    assert "h100-llama8b, 414,581 tokens" in said
+    assert "warning" in " ".join(ok(*base, "--kv-budget", "30000").stderr.split())
+    for quiet in ((), ("--rate", "0.1"), ("--kv-budget", str(A100_BUDGET))):
+        assert "warning" not in ok(*base, *quiet).stderr

@@ -355,8 +355,8 @@ def test_serve_passes_args_and_plugin_env(tmp_path: Path) -> None:
     )
     script.chmod(0o755)
     res = CliRunner().invoke(
-        app, ["serve", "-s", "topas", "--scheduler-param", "beta=0.2", "--python", str(script),
-              "--", "--model-path", "/m", "--port", "30000"],
+        app, ["serve", "-s", "topas", "--scheduler-param", "topas.beta=0.2", "--python",
+              str(script), "--", "--model-path", "/m", "--port", "30000"],
     )  # fmt: skip
     assert res.exit_code == 7, res.output  # the server's own exit code
     assert seen.read_text().strip() == (
@@ -364,6 +364,12 @@ def test_serve_passes_args_and_plugin_env(tmp_path: Path) -> None:
     )
     bad = CliRunner().invoke(app, ["serve", "-s", "nope", "--python", str(script)])
     assert bad.exit_code == 2 and "unknown scheduler" in bad.output
+    # the same name.key=value form as `run`: a bare key or another scheduler's is refused
+    for param, says in (("beta=0.2", "expects scheduler.key=value, got 'beta'"),
+                        ("lpm.beta=0.2", "but this server runs 'topas'")):  # fmt: skip
+        argv = ["serve", "--scheduler-param", param, "--python", str(script)]
+        bad = CliRunner().invoke(app, argv)
+        assert bad.exit_code == 2 and says in bad.output, bad.output
 
 
 def test_an_interpreter_without_sglang_is_refused_before_launch(tmp_path: Path) -> None:

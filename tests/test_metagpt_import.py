@@ -257,6 +257,15 @@ def test_cli_trace_import_writes_beside_its_input_and_says_where(
     text = res.output.replace("\n", "")
     assert f"wrote {out}" in text and "prefix mode cache-friendly" in text
     assert f"topas-bench run -w {out}" in text
+    # one task never queues: say how to get more, with a command that works
+    words = " ".join(res.output.split())  # rich wraps long lines at spaces
+    assert "one task: nothing ever queues" in words and f"run -w {out} -n 50 --rate R" in words
+    more = CliRunner().invoke(app, ["run", "-w", str(out), "-n", "4", "--rate", "0.05",
+                                    "--workload-param", "arrivals=poisson", "-s", "fcfs",
+                                    "--out", str(tmp_path / "runs")])  # fmt: skip
+    assert more.exit_code == 0, more.output
+    res = CliRunner().invoke(app, ["trace", "import", str(src), "-n", "2", "--rate", "0.01"])
+    assert res.exit_code == 0 and "one task" not in res.output
 
 
 def test_cli_trace_import_reports_every_problem(tmp_path: Path) -> None:

@@ -54,6 +54,30 @@ app.add_typer(trace_app, name="trace")
 app.add_typer(history_app, name="history")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from topas_bench import __version__
+
+        out.print(f"topas-bench {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Schedulers for multi-agent LLM serving: TOPAS, its baselines, an SGLang-faithful
+    simulator.
+
+    Example: topas-bench run --workload metagpt-tl --scheduler all
+    """
+
+
 # -- run ---------------------------------------------------------------------------------------
 @app.command()
 @handles_errors
@@ -257,6 +281,11 @@ def run(
         print_sglang_plan(out, plan)
     else:
         print_plan(out, plan)
+    from topas_bench.experiment import default_rate_warning
+
+    warning = default_rate_warning(plan, rate_given=rate is not None)
+    if warning is not None:
+        err.print(warning, markup=False)
     results = []
     with Progress(
         TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),

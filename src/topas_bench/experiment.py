@@ -31,7 +31,7 @@ from topas_bench.schedulers.registry import (
     make_policy,
 )
 from topas_bench.workloads.model import Stage, Workload
-from topas_bench.workloads.registry import generate, resolve, run_defaults
+from topas_bench.workloads.registry import DEFAULT_RATE_PRESET, generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
 
 #: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
@@ -174,6 +174,24 @@ def cluster_config(
     return ClusterConfig(replicas, router or DEFAULT_ROUTER, dict(router_params or {}))
 
 
+def default_rate_warning(plan: RunPlan, rate_given: bool) -> str | None:
+    """A warning when `plan` runs a workload at its default rate on another setting than the
+    one that rate was measured on (the default preset and its derived KV budget): there the
+    rate can leave the server idle (every scheduler prints the same row) or overloaded."""
+    if rate_given or plan.load is not None or plan.workload_name == "trace":
+        return None
+    home = load_preset(DEFAULT_RATE_PRESET)
+    budget = home.derived_kv_budget_tokens
+    if plan.preset.name == home.name and plan.kv_budget_tokens == budget:
+        return None
+    return (
+        f"warning: {plan.workload_name}'s default rate ({plan.rate_per_s:.4g} tasks/s) is 0.8 x "
+        f"its capacity on {home.name} with {budget:,} KV tokens, not on this setting "
+        f"({plan.preset.name}, {plan.kv_budget_tokens:,} tokens): queues may never form, or "
+        "never drain; --load 0.8 measures this setting's capacity and runs at 0.8 of it"
+    )
+
+
 def check_fits(w: Workload, kv_budget_tokens: int, context_length: int = 32768) -> None:
     """Every call must be one the server serves whole: SGLang refuses a prompt of at least
     `min(context_length - 1, kv_budget - 1) - 5` tokens (`TpModelWorker.get_worker_info`)
@@ -190,10 +208,14 @@ def check_fits(w: Workload, kv_budget_tokens: int, context_length: int = 32768) 
     if need > min(kv_budget_tokens, context_length):
         what = "KV budget" if kv_budget_tokens <= context_length else "context length"
         have = min(kv_budget_tokens, context_length)
+        out = min(stage.output_tokens, stage.max_new_tokens)
+        if need == stage.prompt_tokens + out + 2:
+            parts = f"prompt {stage.prompt_tokens:,} + output {out:,} + 2 spare tokens"
+        else:  # SGLang refuses a prompt within 7 tokens of the limit, whatever its output
+            parts = f"prompt {stage.prompt_tokens:,} + 7 tokens SGLang keeps beyond a prompt"
         raise TopasError(
             f"{what} of {have:,} tokens is smaller than the largest call in {w.name!r} "
-            f"(prompt {stage.prompt_tokens:,} + output {stage.output_tokens:,} tokens); raise "
-            f"--kv-budget to at least {need:,}"
+            f"({parts} = {need:,}); raise --kv-budget to at least {need:,}"
             + (
                 f", or lower --workload-param context_tokens (now {w.params['context_tokens']:,}"
                 ", MetaGPT's memory cut) to about 0.8 x the budget"

@@ -1,8 +1,8 @@
 """The types every engine shares: a run plan, a cell's result, and reuse of stored cells.
 
-They live below the engines (DESIGN section 1: plan, identity and cell-result types sit under
-the engines, so no engine imports the experiment layer); `experiment` builds plans and picks an
-engine by name (`runners.engines.ENGINES`).
+They live below the engines (docs/design.md, "The seams": plan, identity and cell-result types
+sit under the engines, so no engine imports the experiment layer); `experiment` builds plans and
+picks an engine by name (`runners.engines.ENGINES`).
 """
 
 from __future__ import annotations

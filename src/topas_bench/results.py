@@ -1,4 +1,4 @@
-"""Run identity, result directories, and reading/writing a run's files (DESIGN section 8).
+"""Run identity, result directories, and reading/writing a run's files (docs/design.md section 8).
 
 A run is (workload spec, scheduler + params, engine + preset + settings, rate, seed). Its
 directory is derived from that identity, so a finished run is found again and skipped, and a

@@ -1,4 +1,4 @@
-"""Read a results tree into one row per run (STYLE 8: analysis only reads files).
+"""Read a results tree into one row per run (docs/design.md section 8: analysis only reads files).
 
 A run directory is taken only when it is whole: `run.json` readable with an identity that
 matches the directory's name, every table present and readable with the row count run.json

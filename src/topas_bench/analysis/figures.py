@@ -1,4 +1,4 @@
-"""Figures of a results tree, each written as PNG and SVG (DESIGN section 8).
+"""Figures of a results tree, each written as PNG and SVG (docs/design.md section 8).
 
 - `jct_relative`: mean and p99 JCT of each scheduler divided by the best baseline's, per
   workload's main group (the one with the most schedulers, then the load nearest 0.8), with

@@ -11,8 +11,8 @@ Reductions are `1 - scheduler / best baseline`, the best baseline chosen per met
 p99 JCT) as the lowest among `BASELINES` in the group, with a paired bootstrap interval; every
 row has one (the best baseline's own is 0). Beside it, `reduction_any` is the same against the
 best of every scheduler in the group that is not TOPAS or an ablation of it (the paper's
-baselines and the peers it left out: `best_any`). The paper's reductions (DESIGN section 5, TOPAS vs
-the best baseline) stand beside TOPAS's only for runs made in the paper's setting
+baselines and the peers it left out: `best_any`). The paper's reductions (docs/design.md section
+5, TOPAS vs the best baseline) stand beside TOPAS's only for runs made in the paper's setting
 (`paper_setting`). Request-level metrics (TTFT, TPOT, ITL, queueing, latency, goodput under the
 collection's SLO) and per-stage latencies come with every group (`metrics`).
 """
@@ -33,7 +33,7 @@ from topas_bench.analysis.metrics import Slo
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
 from topas_bench.workloads.registry import DEFAULT_LOAD, WORKLOADS
 
-#: TOPAS's mean / p99 JCT reduction vs the best baseline in the paper (DESIGN section 5).
+#: TOPAS's mean / p99 JCT reduction vs the best baseline in the paper (docs/design.md section 5).
 PAPER_REDUCTIONS: dict[str, tuple[float, float]] = {
     "chain3": (0.275, 0.317),
     "dag4": (0.398, 0.494),

@@ -76,6 +76,14 @@ def _wrote(w: Workload, output: Path) -> None:
         markup=False,
     )
     out.print(f"run it: topas-bench run -w {output}", markup=False)
+    if len(w.tasks) == 1:
+        out.print(
+            "one task: nothing ever queues behind it, so every scheduler gives the same JCT. "
+            "Replicate the job as N tasks with Poisson arrivals when importing "
+            "(`trace import FILE -n 50 --rate R`), or let `run` do it "
+            f"(`topas-bench run -w {output} -n 50 --rate R --workload-param arrivals=poisson`)",
+            markup=False,
+        )
 
 
 @trace_app.command("import")

@@ -25,9 +25,10 @@ only when the timestamp is frozen; faithfully the shareable prefix is 25-57 toke
 A task is one software idea (MetaGPT's SoftwareDev prompts are one-liners such as "a 2048
 game"): the input segment ``<task_id>/input``, 10-100 tokens. Every length is drawn uniformly
 (inclusive) from its range, per task in stage order, from the workload's content stream.
-Stages send ``max_new_tokens == output_tokens`` (exact lengths with ``ignore_eos``, DESIGN
-section 7). Stage ids are ``s0``.. in the order of the shapes below, each depending on the one
-before it (both workflows are sequential per task). The prefix mode changes no sampled length.
+Stages send ``max_new_tokens == output_tokens`` (exact lengths with ``ignore_eos``,
+docs/design.md section 7). Stage ids are ``s0``.. in the order of the shapes below, each
+depending on the one before it (both workflows are sequential per task). The prefix mode changes
+no sampled length.
 """
 
 from __future__ import annotations

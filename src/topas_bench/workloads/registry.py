@@ -65,6 +65,9 @@ WORKLOADS: Registry[WorkloadSpec] = Registry("workload")
 
 #: Tasks of a run that does not say (`run`, `sweep`, `workloads export`); a file: all of its.
 DEFAULT_TASKS = 200
+#: The setting every workload's default rate was measured on (0.8 x FCFS's capacity there,
+#: `tests/test_default_rates.py`): this preset with its derived KV budget.
+DEFAULT_RATE_PRESET = "a100-qwen32b"
 
 
 def resolve(name: str, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

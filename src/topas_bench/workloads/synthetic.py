@@ -1,4 +1,5 @@
-"""Synthetic DAG workloads of the TOPAS paper: `chain3`, `dag4`, `dag10-wide` (DESIGN section 6).
+"""Synthetic DAG workloads of the TOPAS paper: `chain3`, `dag4`, `dag10-wide` (docs/design.md
+section 6).
 
 Every agent has its own long system prefix and every length is fixed, so these workloads isolate
 scheduling: the only randomness is the Poisson arrival process. Stage ``s<i>`` is node ``i`` of
@@ -6,7 +7,7 @@ the shape below, with kind = its role. A stage's prompt is its agent's prefix
 (``agent:<agent>``, `prefix_tokens`), then the outputs of its dependencies in dependency order
 (`output_tokens` each); a root stage reads the task input ``<task_id>/input`` (`input_tokens`)
 instead. Every stage generates `output_tokens` tokens and sends the same `max_new_tokens` (the
-benchmark client asks for exact lengths with ``ignore_eos``, DESIGN section 7).
+benchmark client asks for exact lengths with ``ignore_eos``, docs/design.md section 7).
 
 Default lengths are ours (the paper does not publish them): 4,096-token prefixes ("thousands of
 tokens each"), a 256-token task input and 256 output tokens per stage. The largest request is

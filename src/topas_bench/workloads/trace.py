@@ -1,4 +1,4 @@
-"""The versioned JSONL trace of a workload (DESIGN section 2), and the checks it must pass.
+"""The versioned JSONL trace of a workload (docs/design.md section 2), and the checks it must pass.
 
 Line 1 is a header, ``{"schema": "topas-bench/trace", "version": 1, "name", "agents":
 [{"name", "prefix_tokens"}], "provenance": {"generator", "params", "seed"}}``; every further line

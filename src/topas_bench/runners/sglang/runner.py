@@ -2,7 +2,7 @@
 
 Per scheduler: start an SGLang server with the topas plugin set to that scheduler (or use
 `--endpoint`), run the workload through the workflow client, write the same files as `sim`
-(DESIGN section 8). Finished tasks are journaled as they end (`partial.jsonl` in the run
+(docs/design.md section 8). Finished tasks are journaled as they end (`partial.jsonl` in the run
 directory), so a crash of the server, of the client or of this process loses nothing: the
 launcher restarts a dead server (up to `max_restarts`) while the client's retries wait, and a
 rerun of the same command resumes with the tasks not yet done (a resumed run starts its first

@@ -1,4 +1,5 @@
-"""Hardware presets and the per-iteration cost model of the simulated engine (DESIGN section 4).
+"""Hardware presets and the per-iteration cost model of the simulated engine (docs/design.md
+section 4).
 
 A preset is data: one TOML file per GPU x model pair in ``presets/``, parsed into frozen
 dataclasses whose field names carry their units. `CostModel` turns a preset into iteration
@@ -82,7 +83,7 @@ class ModelSpec:
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """Achieved fractions of peak and fixed overheads; defaults are DESIGN section 4's."""
+    """Achieved fractions of peak and fixed overheads; defaults are docs/design.md section 4's."""
 
     eta_c: float = 0.55
     eta_w: float = 0.72
