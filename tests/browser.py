@@ -34,7 +34,8 @@ PROBE = """JSON.stringify({
   images: document.images.length,
   links: [...document.querySelectorAll('a[href]')].map(a => a.href),
   scripts: [...document.scripts].map(s => s.src).filter(Boolean),
-  styles: [...document.styleSheets].length,
+  styles: [...document.styleSheets].filter(s => s.href).map(s => s.href),
+  styled: getComputedStyle(document.querySelector('header') || document.body).position,
   ids: [...document.querySelectorAll('[id]')].map(e => e.id),
   height: document.documentElement.scrollHeight,
 })"""

@@ -27,10 +27,10 @@ def drawn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for seed, jcts in enumerate(JCTS["lpm"]):
         write_one(root, "spf", seed, jcts)
         write_one(root, "spf", seed, [0.8 * j for j in jcts], load=0.6)
-    for load in (0.8, 0.6):
+    for at in (0.8, 0.6):
         for name in ("fcfs", "lpm", "spf", "topas"):
             for seed, jcts in enumerate(JCTS["lpm" if name == "spf" else name]):
-                write_one(root, name, seed, [0.9 * j for j in jcts], load=load, kv=28_000)
+                write_one(root, name, seed, [0.9 * j for j in jcts], load=at, kv=28_000)
     coll = collect(root)
     out = root / "figures"
     write_figures(coll, build_report(coll), out)

@@ -52,13 +52,25 @@ def palette_for(labels: Any) -> dict[str, Any]:
     return COLOURS | {s: OTHERS[i % len(OTHERS)] for i, s in enumerate(rest)}
 
 
-def save(plt: Any, fig: Any, out: Path, name: str, formats: tuple[str, ...]) -> list[Path]:
-    """`fig` as out/name.<format> for each format, then closed."""
+def save(
+    plt: Any, fig: Any, out: Path, name: str, formats: tuple[str, ...], small: bool = False
+) -> list[Path]:
+    """`fig` as out/name.<format> for each format, then closed. `small`: PNGs with a palette
+    of 128 colours (a third of the size; plots have few colours), for files that are
+    committed or served."""
     written = []
     for ext in formats:
         path = out / f"{name}.{ext}"
         meta = {"Software": None} if ext == "png" else {"Date": None}
         fig.savefig(path, dpi=120 if ext == "png" else 72, metadata=meta)
+        if small and ext == "png":
+            from PIL import Image  # matplotlib's own dependency
+
+            with Image.open(path) as im:
+                rgb = im.convert("RGB")
+            rgb.quantize(128, Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+                path, optimize=True
+            )
         written.append(path)
     plt.close(fig)
     return written

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.collect import Collection
+from topas_bench.analysis.curves import identical_groups
 from topas_bench.analysis.plotting import setting_title, suptitle
 from topas_bench.results import read_table
 
@@ -122,12 +123,21 @@ def timeline_figure(
         data[s] = {t: read_table(path, t) for t in ("timeline", "tasks", "decisions")}
     if any(d["timeline"].empty for d in data.values()):
         return None
+    # schedulers that ran the very same schedule draw as one line, named together
+    finishes = {s: d["tasks"].sort_values("task_id")["finish_s"].to_numpy(dtype=float)
+                for s, d in data.items()}  # fmt: skip
+    same = identical_groups(finishes)
+    names = {g[0]: " = ".join(g) for g in same}
+    shown = [g[0] for g in same]
+    if len(shown) == 1:
+        return None  # one schedule: nothing to set against TOPAS
     run_start = min(float(d["tasks"]["arrival_s"].min()) for d in data.values())
     run_end = max(float(d["tasks"]["finish_s"].max()) for d in data.values())
     full = np.linspace(run_start, run_end, 8 * BINS)
     counts = {s: in_system(d["tasks"], full) for s, d in data.items()}
     base = shown[1]
     start, end = busiest_window(full, np.abs(counts["topas"] - counts[base]), WINDOW)
+    label = {s: names[s] for s in shown}
     edges = np.linspace(start, end, BINS + 1)
     centers = (edges[:-1] + edges[1:]) / 2
     agents = sorted({a for d in data.values() for a in _agents(d["timeline"])})
@@ -139,7 +149,7 @@ def timeline_figure(
              for i, s in enumerate(shown)}  # fmt: skip
     ax = axes[0]
     for s in reversed(shown):  # TOPAS drawn last, on top
-        ax.step(full, counts[s], where="post", label=s, **style[s])
+        ax.step(full, counts[s], where="post", label=label[s], **style[s])
     ax.axvspan(start, end, color="gold", alpha=0.3, linewidth=0, label="window drawn below")
     ax.set_xlim(run_start, run_end)
     ax.set_ylabel("tasks in the\nsystem, whole run", fontsize=9)
@@ -167,6 +177,7 @@ def timeline_figure(
         tl = data[s]["timeline"]
         w = _binned(tl, tl["waiting"].to_numpy(dtype=float), edges, state=True)
         ax.step(centers, w, where="mid", **style[s])
+    ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
     ax.set_ylabel("calls waiting\nfor admission", fontsize=9)
     ax = detail[2]
     most = 0.0
@@ -187,7 +198,8 @@ def timeline_figure(
         ax.imshow(res, aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest",
                   extent=(start, end, len(agents) - 0.5, -0.5))  # fmt: skip
         ax.set_yticks(range(len(agents)), [a[:14] for a in agents], fontsize=6)
-        ax.set_ylabel(f"{s}:\nresident\nprefixes", fontsize=8, color=palette.get(s))
+        ax.set_ylabel(f"{label[s].replace(' = ', chr(10))}:\nresident\nprefixes", fontsize=8,
+                      color=palette.get(s))  # fmt: skip
         ax.grid(False)
     ax = detail[-1]
     for s in reversed(shown):
@@ -205,7 +217,7 @@ def timeline_figure(
     ax.set_xlabel(f"time (s), window {start:,.0f}-{end:,.0f} s; waiting, residency and KV: "
                   f"duration-weighted means over {BINS} bins")  # fmt: skip
     first = g.iloc[0]
-    suptitle(fig, f"{first['workload']}: {' vs '.join(shown)} over one run (seed {seed}); "
+    suptitle(fig, f"{first['workload']}: {' vs '.join(label.values())} over one run (seed {seed}); "
              f"{setting_title(first)}\nTop: the whole run. Below: the {100 * WINDOW:.0f}% of "
              f"it where topas and {base} differ most. Shaded: tasks topas holds fewer (green) "
              f"or more (red) than {base}; the area is their difference in total JCT.",

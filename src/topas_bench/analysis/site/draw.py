@@ -36,6 +36,7 @@ class Figure:
 class Missing:
     caption: str
     why: str
+    needs_runs: bool = True
 
 
 Drawn = dict[str, Figure | Missing]
@@ -56,7 +57,7 @@ class Drawer:
     def keep(self, key: str, fig: Any | None, name: str, caption: str) -> None:
         if fig is None:
             return
-        self.files += save(self.plt, fig, self.dir, name, ("png",))
+        self.files += save(self.plt, fig, self.dir, name, ("png",), small=True)
         self.drawn[key] = Figure(f"{self.rel}/{name}.png", caption)
 
     def needs_runs(self, key: str, caption: str) -> None:
@@ -103,11 +104,20 @@ def draw_source(plt: Any, root: Path, src: Source) -> tuple[Drawn, list[Path]]:
                    "Mean latency per stage kind (send to finish), main setting.")  # fmt: skip
         cdf_caption = "JCT CDF per scheduler, one panel per setting (tasks of every seed pooled)."
         tl_caption = "TOPAS against the best baselines over one run: the mechanism."
-        if src.coll is None:
+        covered = src.covered(wrows)
+        if covered.empty:
             d.needs_runs(f"cdf:{w}", cdf_caption)
+        else:
+            assert src.coll is not None  # covered rows have runs
+            d.keep(f"cdf:{w}", cdf(plt, src.coll, covered, pal, EVERY), f"jct_cdf_{w}",
+                   cdf_caption)  # fmt: skip
+        if src.coll is None or row["group"] not in set(covered["group"]):
             d.needs_runs(f"timeline:{w}", tl_caption)
-            continue
-        d.keep(f"cdf:{w}", cdf(plt, src.coll, wrows, pal, EVERY), f"jct_cdf_{w}", cdf_caption)
-        d.keep(f"timeline:{w}", timeline_figure(plt, src.coll, rows, str(row["group"]), pal),
-               f"timeline_{w}", tl_caption)  # fmt: skip
+        else:
+            fig = timeline_figure(plt, src.coll, rows, str(row["group"]), pal)
+            d.keep(f"timeline:{w}", fig, f"timeline_{w}", tl_caption)
+            if fig is None:
+                why = ("has nothing to show: the main setting has no TOPAS, no timeline, or "
+                       "TOPAS ran the same schedule as the baselines")  # fmt: skip
+                d.drawn[f"timeline:{w}"] = Missing(tl_caption, why, needs_runs=False)
     return d.drawn, d.files

@@ -77,15 +77,14 @@ class Pages:
         return {
             "compared": ", ".join(dict.fromkeys(others)),
             "name": s.name, "title": s.title, "about": s.about, "commands": s.commands,
-            "code": s.code, "slo": s.slo, "has_runs": s.has_runs, "shared": shared,
+            "code": s.code, "slo": s.slo, "data": s.data, "shared": shared,
             "seeds": ", ".join(sorted(set(s.rows["seeds"].astype(str)))), "notes": s.notes,
             "workloads": [{"name": w, "href": page_name(w)} for w in s.workloads],
         }  # fmt: skip
 
     def _headline(self, s: Source, name: str) -> str:
-        table = tables.headline(s.rows)
-        tables.constant_columns(table, ("seeds", "engine"))  # the source's facts name them
-        return tables.html(table, name)
+        table = tables.headline(s.rows)  # seeds and engine: the source's facts name them
+        return tables.html(tables.without_constant(table, ("seeds", "engine")), name)
 
     def index(self) -> dict[str, Any]:
         first, *rest = self.sources

@@ -51,10 +51,18 @@ class Source:
     code: str
     coll: Collection | None = None
     notes: list[str] = field(default_factory=list)
+    #: what the tables and figures come from, in words
+    data: str = "the runs (every figure)"
 
     @property
     def has_runs(self) -> bool:
         return self.coll is not None
+
+    def covered(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """The rows whose group has runs behind it (CDFs and timelines need them)."""
+        if self.coll is None:
+            return rows.iloc[0:0]
+        return rows[rows["group"].isin(set(self.coll.runs["group"]))]
 
     @property
     def workloads(self) -> list[str]:
@@ -121,21 +129,58 @@ def discover(results: Path, runs: dict[str, Path], opts: Options) -> list[Source
 def _load(name: str, path: Path, runs: Path | None, conf: dict[str, Any], opts: Options) -> Source:
     commands = [str(c) for c in conf.get("commands", [])]
     title, about = str(conf.get("title", name)), str(conf.get("about", ""))
-    tree = runs or (path if is_run_tree(path) else None)
-    if tree is not None:
-        coll = _collect(tree, opts)
+    if is_run_tree(path):
+        if runs is not None:
+            raise TopasError(f"--runs {name}={runs}: {path} holds its own runs")
+        coll = _collect(path, opts)
         rep = build_report(coll)
         codes = "; ".join(sorted(set(coll.runs["code"])))
         notes = [*rep.notes, *(f"left out: {p}" for p in rep.problems)]
         if not commands:
-            commands = [f"topas-bench report {tree}"]
+            commands = [f"topas-bench report {path}"]
         return Source(name, title, about, rep.rows, rep.stages, rep.slo.describe(), commands,
                       str(conf.get("code", codes)), coll, notes)  # fmt: skip
     rows, stages, slo = read_report(path)
     if "engine" in conf:  # a report written before report.csv recorded the engine
         rows["engine"] = rows["engine"].replace("", str(conf["engine"]))
     code = str(conf.get("code", "; ".join(sorted(set(rows["code"]) - {""})) or "not recorded"))
-    return Source(name, title, about, rows, stages, slo, commands, code)
+    data = "the report's rows (report.csv, report-stages.csv); its runs are not here"
+    src = Source(name, title, about, rows, stages, slo, commands, code, data=data)
+    if runs is not None:
+        src.coll, src.notes = _behind(name, runs, rows, opts)
+        src.data = (f"the report's rows; CDFs and timelines from the runs in {runs}, which "
+                    "reproduce the report's JCTs")  # fmt: skip
+    return src
+
+
+def _behind(
+    name: str, runs: Path, rows: pd.DataFrame, opts: Options
+) -> tuple[Collection, list[str]]:
+    """The runs behind a report, keyed like its rows, after checking that they reproduce it:
+    every (setting, scheduler) both have must agree on mean and p99 JCT (report.csv keeps six
+    significant digits). The report's rows stay the tables; the runs draw CDFs and timelines."""
+    coll = _collect(runs, opts)
+    rep = build_report(coll)
+    firsts = rep.rows.drop_duplicates("group")
+    labels = firsts["workload"] + " | " + firsts["group_label"]
+    key = dict(zip(firsts["group"], labels, strict=True))
+    coll.runs["group"] = coll.runs["group"].map(key)
+    mine = rep.rows.assign(group=rep.rows["group"].map(key))
+    both = mine.merge(rows, on=["group", "scheduler"], suffixes=("_runs", ""))
+    for _, r in both.iterrows():
+        for col in ("mean_jct_s", "p99_jct_s"):
+            a, b = float(r[f"{col}_runs"]), float(r[col])
+            if abs(a - b) > 1e-5 * max(abs(b), 1.0):
+                raise TopasError(
+                    f"--runs {name}={runs}: its runs do not reproduce the report: "
+                    f"{r['group']}, {r['scheduler']}: {col} {a:.6g} from the runs, {b:.6g} in "
+                    "report.csv (different code or settings?)"
+                )
+    if both.empty:
+        raise TopasError(f"--runs {name}={runs}: no setting in common with the report")
+    extra = sorted(set(mine["group"]) - set(rows["group"]))
+    notes = [f"runs of settings not in the report, not shown: {'; '.join(extra)}"] if extra else []
+    return coll, notes
 
 
 def _collect(tree: Path, opts: Options) -> Collection:

@@ -49,11 +49,12 @@ def signed(r: pd.Series, m: str, against: str = "") -> str:
     return f"{100 * v:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
-def constant_columns(table: pd.DataFrame, names: tuple[str, ...]) -> dict[str, str]:
-    """Columns of `names` with one value in every row: dropped from `table`, returned."""
-    same = {c: str(table[c].iloc[0]) for c in names if c in table and table[c].nunique() == 1}
-    table.drop(columns=list(same), inplace=True)
-    return same
+def without_constant(table: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
+    """`table` without those of `names` that hold one value in every row (said elsewhere)."""
+    same = [c for c in names if c in table and table[c].nunique() == 1]
+    out = table.drop(columns=same)
+    out.attrs = table.attrs
+    return out
 
 
 def _best(g: pd.DataFrame, name: str, col: str) -> str:
