@@ -41,9 +41,12 @@ bench: $(VENV)/.installed-dev
 
 ## figures: results/report.md from the committed results/reference/, then the static site of
 ## results/ (the evaluation reports and the reference, ordered by results/site.toml) in results/site/
+## (SITE_RUNS="evaluation-paper=runs/eval-paper ...": runs behind a committed report, which draw
+## its CDFs and timelines once they reproduce its JCTs)
+SITE_RUNS ?=
 figures: $(VENV)/.installed-dev
 	$(BIN)/topas-bench report results/reference --out results --quiet
-	$(BIN)/topas-bench site results --out results/site
+	$(BIN)/topas-bench site results --out results/site $(foreach r,$(SITE_RUNS),--runs $(r))
 
 ## browser: a headless Chromium for the site's browser test (tests/test_site.py): Debian's
 ## chromium-headless-shell, installed with apt-get when no Chromium is on PATH, as root or with sudo

@@ -25,7 +25,7 @@ def drawn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     loads (a load x KV grid), drawn."""
     root = write_fixture(tmp_path_factory.mktemp("tree"))
     for seed, jcts in enumerate(JCTS["lpm"]):
-        write_one(root, "spf", seed, jcts)
+        write_one(root, "spf", seed, [float(j) for j in jcts])
         write_one(root, "spf", seed, [0.8 * j for j in jcts], load=0.6)
     for at in (0.8, 0.6):
         for name in ("fcfs", "lpm", "spf", "topas"):

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.collect import Collection
-from topas_bench.analysis.plotting import legend_right, split_label, suptitle
+from topas_bench.analysis.plotting import engine_of, legend_right, split_label, suptitle
 
 METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
 
@@ -131,7 +131,9 @@ def cdf(
         ax.set_title(textwrap.fill(str(g.iloc[0]["group_label"]), 48), fontsize=9)
         ax.legend(fontsize=8, loc="lower right")
     note = "; schedulers with identical JCTs share one line" if identical else ""
-    suptitle(fig, f"{rows.iloc[0]['workload']}: JCT CDF (tasks of every seed pooled){note}")
+    engines = ", ".join(sorted({engine_of(r) for _, r in rows.iterrows()}))
+    suptitle(fig, f"{rows.iloc[0]['workload']}: JCT CDF (tasks of every seed pooled), "
+             f"{engines}{note}")  # fmt: skip
     return fig
 
 

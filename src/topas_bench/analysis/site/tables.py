@@ -181,8 +181,8 @@ def reference_bench(doc: dict[str, Any]) -> pd.DataFrame:
         out.append({
             "scheduler": c["scheduler"],
             "mean JCT sim / sglang-cpu (s)": f"{sim.get('mean_jct_s')} / {ref.get('mean_jct_s')}",
-            "same": "yes" if same else "NO", "sim wall (s)": sim.get("wall_s"),
-            "sglang-cpu wall (s)": ref.get("wall_s"),
+            "same": "yes" if same else "NO", "sim wall (s)": num_text(sim.get("wall_s"), "{:.1f}"),
+            "sglang-cpu wall (s)": num_text(ref.get("wall_s"), "{:.1f}"),
         })  # fmt: skip
     return pd.DataFrame(out)
 
