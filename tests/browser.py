@@ -78,14 +78,14 @@ class Browser:
             os.dup2(high[0], 3)
             os.dup2(high[1], 4)
 
+        # --no-sandbox: Chromium refuses its sandbox as root, and Ubuntu 24.04 (GitHub's
+        # runners) forbids the user namespaces it needs; it only ever opens our own files here
         args = [
-            binary, "--headless", "--remote-debugging-pipe", "--disable-gpu",
+            binary, "--headless", "--no-sandbox", "--remote-debugging-pipe", "--disable-gpu",
             "--no-first-run", "--no-default-browser-check", "--disable-extensions",
             "--allow-file-access-from-files", f"--user-data-dir={self._profile}",
             f"--window-size={width},{height}", "--hide-scrollbars", "about:blank",
         ]  # fmt: skip
-        if os.geteuid() == 0:  # Chromium refuses to run its sandbox as root
-            args.insert(1, "--no-sandbox")
         self._proc = subprocess.Popen(
             args, preexec_fn=fds, pass_fds=(3, 4), stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
