@@ -43,10 +43,26 @@ pytest: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_sim.py
 
-## figures: results/report.md and results/figures/ from the committed results/reference/
+## figures: results/report.md from the committed results/reference/, then the static site of
+## results/ (the evaluation reports and the reference, ordered by results/site.toml) in results/site/
+## (SITE_RUNS="evaluation-paper=runs/eval-paper ...": runs behind a committed report, which draw
+## its CDFs and timelines once they reproduce its JCTs)
+SITE_RUNS ?=
 figures: $(VENV)/.installed-dev
 	$(BIN)/topas-bench report results/reference --out results --quiet
-	$(BIN)/topas-bench figures results/reference --out results/figures
+	$(BIN)/topas-bench site results --out results/site $(foreach r,$(SITE_RUNS),--runs $(r))
+
+## browser: a headless Chromium for the site's browser test (tests/test_site.py): Debian's
+## chromium-headless-shell, installed with apt-get when no Chromium is on PATH, as root or with sudo
+BROWSERS := chromium-headless-shell chromium chromium-browser google-chrome
+browser:
+	@for b in $(BROWSERS); do command -v $$b >/dev/null && { echo "browser: $$(command -v $$b)"; exit 0; }; done; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; \
+	else echo "browser: no Chromium, and no root or sudo to install one (the browser test fails under CI=true)"; exit 0; fi; \
+	command -v apt-get >/dev/null || { echo "browser: no apt-get here; install Chromium by hand"; exit 0; }; \
+	$$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium-headless-shell
+
+.PHONY: browser
 
 ## reference: rerun the reference sweep (results/reference.toml) from scratch, then `figures`
 reference: $(VENV)/.installed-dev
@@ -66,12 +82,14 @@ nightly: $(VENV)/.installed-dev
 	$(BIN)/topas-bench compare $(NIGHTLY_OUT) results/reference --tolerance $(TOLERANCE)
 
 ## nightly-history: append NIGHTLY_OUT's rows to the JSON series in HISTORY/series, draw the
-## trend into HISTORY/trend, and fail when TOPAS's margin fell beyond the noise since last time
+## trend into HISTORY/trend, write the site (NIGHTLY_OUT/site), and fail when TOPAS's margin fell
+## beyond the noise since last time
 HISTORY  ?= runs/history
 REVISION ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 nightly-history: $(VENV)/.installed-dev
 	$(BIN)/topas-bench history append $(NIGHTLY_OUT) --history $(HISTORY)/series --revision $(REVISION)
 	$(BIN)/topas-bench history plot $(HISTORY)/series --out $(HISTORY)/trend
+	$(BIN)/topas-bench site $(NIGHTLY_OUT) --history $(HISTORY)/series --out $(NIGHTLY_OUT)/site
 	$(BIN)/topas-bench history check $(HISTORY)/series
 
 .PHONY: reference nightly nightly-history

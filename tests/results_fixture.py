@@ -35,10 +35,12 @@ COUNTERS = (
 RATES = {0.8: 0.2, 0.6: 0.15}
 
 
-def identity(scheduler: str, seed: int, load: float = 0.8, workload: str = "chain3") -> RunIdentity:
+def identity(
+    scheduler: str, seed: int, load: float = 0.8, workload: str = "chain3", kv: int = 18_692
+) -> RunIdentity:
     return RunIdentity(
         workload=workload, num_tasks=4, rate_per_s=RATES[load], seed=seed, scheduler=scheduler,
-        preset="a100-qwen32b", kv_budget_tokens=18_692,
+        preset="a100-qwen32b", kv_budget_tokens=kv,
     )  # fmt: skip
 
 
@@ -51,8 +53,9 @@ def write_one(
     load: float = 0.8,
     digest: str | None = None,
     workload: str = "chain3",
+    kv: int = 18_692,
 ) -> Path:
-    ident = identity(scheduler, seed, load, workload)
+    ident = identity(scheduler, seed, load, workload, kv)
     arrival = [float(i) for i in range(len(jcts))]
     tasks = pd.DataFrame({
         "task_id": [f"t{i:04d}" for i in range(len(jcts))], "workflow": workload,

@@ -20,7 +20,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from topas_bench import cli_analysis, cli_fidelity
+from topas_bench import cli_analysis, cli_fidelity, cli_site
 from topas_bench.cli_common import (
     check_out_dir,
     check_writable_file,
@@ -563,9 +563,10 @@ def presets_show(
     print_preset(out, load_preset(name))
 
 
-# sweep, report, figures, compare; fidelity; serve, calibrate: in their own modules.
+# sweep, report, figures, compare; fidelity; site; serve, calibrate: in their own modules.
 cli_analysis.register(app)
 cli_fidelity.register(app)
+cli_site.register(app)
 sglang_cli.register(app)
 
 

@@ -137,6 +137,7 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
         "group": key,
         "group_label": group_label(ident, load),
         "workload": workload_label(ident),
+        "engine": ident.engine,
         "preset": ident.preset,
         "kv_budget_tokens": ident.kv_budget_tokens,
         "rate_per_s": ident.rate_per_s,

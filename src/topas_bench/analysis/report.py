@@ -56,8 +56,8 @@ OTHER = (
 )  # fmt: skip
 COMPARED = {"mean": "mean_jct_s", "p99": "p99_jct_s"}
 GROUP_COLUMNS = (
-    "group", "group_label", "workload", "preset", "kv_budget_tokens", "rate_per_s", "load",
-    "num_tasks",
+    "group", "group_label", "workload", "engine", "preset", "kv_budget_tokens", "rate_per_s",
+    "load", "num_tasks",
 )  # fmt: skip
 STAGE_COLUMNS = ("calls", "mean_latency_s", "p99_latency_s", "mean_queue_s", "mean_ttft_s")
 
@@ -168,7 +168,8 @@ def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
     for s in labels:
         d = per[s]
         row: dict[str, Any] = {c: first[c] for c in GROUP_COLUMNS}
-        row |= {"scheduler": s, "seeds": _seed_list(d["seed"]), "n_seeds": len(d)}
+        row |= {"scheduler": s, "seeds": _seed_list(d["seed"]), "n_seeds": len(d),
+                "code": "; ".join(sorted(set(d["code"])))}  # fmt: skip
         for col in WITH_CI:
             row[col], row[f"{col}_lo"], row[f"{col}_hi"] = mean_ci(d[col].to_numpy())
         for col in OTHER:
