@@ -70,7 +70,7 @@ def write_one(
         [(float(i), w, 1, 1, 0) for i, w in enumerate(DECISION_WALL_S)], columns=DECISION_COLUMNS
     )
     tables = {
-        "tasks": tasks, "requests": pd.DataFrame(columns=REQUEST_COLUMNS),
+        "tasks": tasks, "requests": _requests(tasks),
         "timeline": timeline, "decisions": decisions,
     }  # fmt: skip
     info = {
@@ -79,8 +79,22 @@ def write_one(
         "workload_digest": digest or f"{workload}-{load}-{seed}",
     }  # fmt: skip
     run_dir = ident.run_dir(root)
-    write_run(run_dir, ident, tables, info)
+    write_run(run_dir, ident, tables, info, jct_floor_s=dict.fromkeys(tasks["task_id"], 0.0))
     return run_dir
+
+
+def _requests(tasks: pd.DataFrame) -> pd.DataFrame:
+    """Three calls per task, one after another, filling its JCT (the cell must pass
+    `invariants.check_cell`)."""
+    rows = []
+    for t in tasks.itertuples():
+        cuts = [t.arrival_s + t.jct_s * k / 3 for k in range(3)] + [t.finish_s]
+        for k in range(3):
+            a, b = cuts[k], cuts[k + 1]
+            rows.append(
+                (len(rows), t.task_id, f"s{k}", "A", "", 100, 10, 0, a, a, a, a, b, 0, b - a, "ok")
+            )
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
 
 def write_fixture(root: Path) -> Path:

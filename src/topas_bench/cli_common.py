@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 
 from topas_bench.errors import TopasError
+from topas_bench.invariants import InvariantError
 from topas_bench.workloads.trace import TraceError
 
 # Wide enough for the JCT table when output is piped (rich assumes 80 columns there).
@@ -47,9 +48,14 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return fn(*args, **kwargs)
         except TraceError as e:
-            err.print(f"error: {e.source}: {len(e.problems)} problem(s)", markup=False)
+            err.print(f"error: {e.source}: {e.count:,} problem(s)", markup=False)
             err.print(e.report(), markup=False)
             raise typer.Exit(2) from None
+        except InvariantError as e:  # a bug of an engine: the cell was not written
+            err.print(
+                f"internal error: {e}; the cell was not written; please report it", markup=False
+            )
+            raise typer.Exit(INTERNAL_ERROR) from None
         except TopasError as e:
             err.print(f"error: {e}", markup=False)
             raise typer.Exit(2) from None
