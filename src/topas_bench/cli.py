@@ -26,6 +26,7 @@ from topas_bench.cli_common import (
     check_writable_file,
     err,
     handles_errors,
+    lists_problems,
     out,
     parse_assignments,
     parse_scheduler_params,
@@ -473,7 +474,7 @@ def workloads_saturation(
 
 
 @workloads_app.command("validate")
-@handles_errors
+@lists_problems
 def workloads_validate(
     path: Annotated[Path, typer.Argument(help="Trace file (JSONL).")],
     kv_budget: Annotated[

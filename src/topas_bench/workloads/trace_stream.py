@@ -7,7 +7,7 @@ goes through the detailed checker, which names its problems. With ``keep`` the t
 token counts of segment keys, which must agree across the whole file, are not kept in a dict
 either: each task's keys go to a `KeyLog` of three integers per (task, key), and only keys whose
 hashes disagree are looked at again, by reading their lines a second time. Memory is then the
-task ids (for duplicates) plus 24 bytes per key of each task, whatever the file's size.
+task ids (for duplicates) plus 16 bytes per key of each task, whatever else the file holds.
 """
 
 from __future__ import annotations
@@ -43,17 +43,22 @@ class TraceSummary:
 
 
 class KeyLog:
-    """Every (key, tokens, line) of a streamed trace as three int64 arrays (a key by its hash);
-    `suspect_lines` finds the lines of keys whose token counts may disagree."""
+    """Every (key, tokens, line) of a streamed trace but the agents' (checked against the
+    header), in arrays: a key by its 64-bit hash, tokens and line as 32-bit integers (a checked
+    count is at most 2^31 - 1). `suspect_lines` finds the lines of keys whose token counts may
+    disagree."""
 
-    def __init__(self) -> None:
-        self.hashes, self.tokens, self.lines = array("q"), array("q"), array("q")
+    def __init__(self, skip: dict[str, Any]) -> None:
+        self.skip = skip
+        self.hashes, self.tokens, self.lines = array("q"), array("i"), array("i")
 
     def add(self, keys: dict[str, int], line: int) -> None:
-        """A task's keys and their tokens (a checked count: it fits an int64)."""
+        """A task's keys and their tokens."""
+        if any(k in self.skip for k in keys):
+            keys = {k: v for k, v in keys.items() if k not in self.skip}
         self.hashes.extend(map(hash, keys))
         self.tokens.extend(keys.values())
-        self.lines.extend(repeat(line, len(keys)))
+        self.lines.extend(repeat(min(line, 2**31 - 1), len(keys)))
 
     def suspect_lines(self) -> set[int]:
         """Lines holding a hash whose token counts differ (a real disagreement, or two keys with
@@ -62,13 +67,13 @@ class KeyLog:
             return set()
         h = np.frombuffer(self.hashes, dtype=np.int64)
         order = np.argsort(h, kind="stable")
-        h, tok = h[order], np.frombuffer(self.tokens, dtype=np.int64)[order]
+        h, tok = h[order], np.frombuffer(self.tokens, dtype=np.int32)[order]
         start = np.r_[True, h[1:] != h[:-1]]
         first = np.maximum.accumulate(np.where(start, np.arange(len(h)), 0))
         odd = np.unique(h[tok != tok[first]])
         if not len(odd):
             return set()
-        lines = np.frombuffer(self.lines, dtype=np.int64)[order]
+        lines = np.frombuffer(self.lines, dtype=np.int32)[order]
         return set(lines[np.isin(h, odd)].tolist())
 
 
@@ -86,7 +91,7 @@ def check_lines(
     ``(line, row)`` again for the given lines (``bounded`` needs it for disagreeing keys)."""
     parser = Parser()
     ck = Checker(lambda *_: (None, ""), kv_budget_tokens)
-    log = KeyLog() if bounded else None
+    log = KeyLog(ck.agent_keys) if bounded else None
     found: list[TraceProblem] = []  # lines that are not JSON, or not read
     more = 0
     header: Workload | None = None
