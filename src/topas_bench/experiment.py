@@ -123,8 +123,8 @@ def plan_run(
             raise TopasError(f"{name} must be a positive number, got {value}")
     if kv_budget_tokens is not None and not 1 <= kv_budget_tokens <= MAX_TOKENS:
         raise TopasError(
-            f"--kv-budget must be a positive number of tokens, at most {MAX_TOKENS:,}, got "
-            f"{kv_budget_tokens}"
+            f"--kv-budget must be a positive number of tokens, got {kv_budget_tokens} (at most "
+            f"{MAX_TOKENS:,})"
         )
     if not 0 <= host_tier_tokens <= MAX_TOKENS:
         raise TopasError(f"--host-tier-tokens must be 0..{MAX_TOKENS:,}, got {host_tier_tokens}")

@@ -23,7 +23,8 @@ finish; a time an engine cannot see, NaN, is skipped), within its task's arrival
 the last one finishing the task; as many calls as the task has stages.
 
 Tolerance: float rounding only, `RTOL` (1e-6) of the floor plus `ULPS` (64) units in the last
-place of the task's finish time (with times of at most 1e9 s, at most 8 microseconds).
+place of the task's finish time (at most 8 microseconds for times up to 1e9 s, and never more
+than 0.12 ms: at 1e301 s, where a call's time vanishes in rounding, the check still holds).
 """
 
 from __future__ import annotations
@@ -36,12 +37,16 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.workloads.model import Stage, Task, Workload
+from topas_bench.workloads.trace_check import MAX_TIME_S
 
 if TYPE_CHECKING:
     from topas_bench.runners.sim.cost import CostModel
 
 RTOL = 1e-6
 ULPS = 64
+#: Times above this get no more rounding allowance: at 1e301 s the allowance would swallow
+#: any JCT, which is how a JCT lost in rounding must still be caught.
+_TOP_S = 10 * MAX_TIME_S
 #: A call's least possible time (s), given its stage.
 CallFloor = Callable[[Stage], float]
 
@@ -103,7 +108,7 @@ def check_cell(tables: Mapping[str, pd.DataFrame], jct_floor_s: Mapping[str, flo
         tasks[c].to_numpy(dtype=float) for c in ("arrival_s", "finish_s", "jct_s")
     )
     floor = ids.map(jct_floor_s).to_numpy(dtype=float)
-    tol = RTOL * floor + ULPS * np.spacing(np.abs(np.nan_to_num(finish)))
+    tol = RTOL * floor + ULPS * np.spacing(np.minimum(np.abs(np.nan_to_num(finish)), _TOP_S))
     _each(
         ids,
         ~(np.isfinite(arrival) & np.isfinite(finish) & np.isfinite(jct)),
@@ -144,7 +149,7 @@ def _check_requests(requests: pd.DataFrame, tasks: pd.DataFrame) -> None:
     _each(where, t["finish_s"] > done, "finished after its task", requests)
     last = requests.assign(_f=t["finish_s"]).groupby(ids)["_f"].max()
     ends = tasks["finish_s"].loc[last.index].to_numpy(dtype=float)
-    tol = ULPS * np.spacing(np.abs(ends))
+    tol = ULPS * np.spacing(np.minimum(np.abs(ends), _TOP_S))
     _each(
         pd.Series(last.index),
         np.abs(last.to_numpy() - ends) > tol,
