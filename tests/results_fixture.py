@@ -11,6 +11,7 @@ four tasks each) and a second chain3 group at load 0.6, with these JCTs (seconds
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -86,13 +87,31 @@ def write_one(
 def _requests(tasks: pd.DataFrame) -> pd.DataFrame:
     """Three calls per task, one after another, filling its JCT (the cell must pass
     `invariants.check_cell`)."""
-    rows = []
-    for t in tasks.itertuples():
-        cuts = [t.arrival_s + t.jct_s * k / 3 for k in range(3)] + [t.finish_s]
+    rows: list[tuple[Any, ...]] = []
+    for t in tasks.to_dict("records"):
+        a0, jct, end = float(t["arrival_s"]), float(t["jct_s"]), float(t["finish_s"])
+        cuts = [a0 + jct * k / 3 for k in range(3)] + [end]
         for k in range(3):
             a, b = cuts[k], cuts[k + 1]
             rows.append(
-                (len(rows), t.task_id, f"s{k}", "A", "", 100, 10, 0, a, a, a, a, b, 0, b - a, "ok")
+                (
+                    len(rows),
+                    t["task_id"],
+                    f"s{k}",
+                    "A",
+                    "",
+                    100,
+                    10,
+                    0,
+                    a,
+                    a,
+                    a,
+                    a,
+                    b,
+                    0,
+                    b - a,
+                    "ok",
+                )
             )
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 

@@ -35,7 +35,7 @@ def _outcome(text: str, **kw: Any) -> tuple[list[tuple[int | None, str, str]], A
     lines = list(text_lines(text))
     fetch = None
     if kw.get("bounded"):
-        rows = {n: raw for n, _, raw in lines}
+        rows = {n: raw for n, _, raw in lines if isinstance(raw, bytes)}
 
         def fetch(wanted: set[int]) -> Any:
             return iter([(n, json.loads(rows[n])) for n in sorted(wanted)])
