@@ -33,7 +33,7 @@ from topas_bench.schedulers.registry import (
 from topas_bench.workloads.model import Stage, Workload
 from topas_bench.workloads.registry import generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
-from topas_bench.workloads.trace_check import MAX_TIME_S, MAX_TOKENS
+from topas_bench.workloads.trace_parse import MAX_TIME_S, MAX_TOKENS
 
 #: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
 CAPACITY_PROBE_TASKS = 200

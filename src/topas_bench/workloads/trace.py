@@ -12,7 +12,14 @@ format is documented in docs/workload-format.md; `trace.schema.json` is its JSON
 Writing is canonical: fields in the order above, compact separators, `params` keys sorted,
 tasks sorted by ``(arrival_s, id)``, so equal workloads give byte-identical files. Only valid
 workloads are written, and loading reports every problem at once (`TraceError.report`), each
-with its 1-based line and field path; `validate` runs the same checks on an in-memory workload.
+with its 1-based line and field path; `validate` runs the same checks on an in-memory workload,
+`validate_file` on a file in bounded memory (no task kept).
+
+The pieces, one idea each: `trace_lines` (bytes to numbered, decoded JSON lines: gzip, a BOM,
+duplicate keys), `trace_parse` (the fields, bounds and rows onto the model), `trace_check`
+(every problem, named), `trace_fast` (clean tasks in one pass), `trace_dag` (cycles,
+ancestors), `trace_stream` (line by line, with what checks across tasks keep), `trace_index`
+(a run's first tasks of a big file), `trace_errors` (problems and the error).
 """
 
 from __future__ import annotations
@@ -26,15 +33,7 @@ from typing import IO, Any
 
 from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Task, Workload
-from topas_bench.workloads.trace_check import (
-    MAX_TIME_S,
-    SCHEMA,
-    STAGE,
-    VERSION,
-    Checker,
-    canon,
-    memory_loc,
-)
+from topas_bench.workloads.trace_check import Checker, canon, memory_loc
 from topas_bench.workloads.trace_errors import TraceError, TraceProblem
 from topas_bench.workloads.trace_lines import (
     LineError,
@@ -45,6 +44,7 @@ from topas_bench.workloads.trace_lines import (
     raw_lines,
     text_lines,
 )
+from topas_bench.workloads.trace_parse import MAX_TIME_S, SCHEMA, STAGE, VERSION
 from topas_bench.workloads.trace_stream import TraceSummary, check_lines
 
 # --- writing ----------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from topas_bench.workloads.model import DEFAULT_MAX_NEW_TOKENS, Segment, Stage, Task
-from topas_bench.workloads.trace_check import MAX_TIME_S, MAX_TOKENS, STAGE, TASK, Checker
+from topas_bench.workloads.trace_check import Checker
 from topas_bench.workloads.trace_dag import is_ancestor
+from topas_bench.workloads.trace_parse import MAX_TIME_S, MAX_TOKENS, STAGE, TASK
 
 _TASK_KEYS = frozenset(TASK)
 _STAGE_KEYS = frozenset(STAGE)

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.workloads.model import Workload
-from topas_bench.workloads.trace_check import MISSING, bad, bad_name, bad_secs
 from topas_bench.workloads.trace_errors import MAX_PROBLEMS, TraceError, TraceProblem
 from topas_bench.workloads.trace_lines import LineError, decode, open_binary, raw_lines, show
+from topas_bench.workloads.trace_parse import MISSING, bad, bad_name, bad_secs
 from topas_bench.workloads.trace_stream import check_lines
 
 # `{"id":"...","workflow":"...","arrival_s":<number>,` as `dumps_workload` starts a task line

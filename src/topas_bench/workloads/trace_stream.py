@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from topas_bench.workloads.model import Task, Workload
-from topas_bench.workloads.trace_check import NO_TASKS, Checker, Parser, file_loc
+from topas_bench.workloads.trace_check import NO_TASKS, Checker, file_loc
 from topas_bench.workloads.trace_errors import MAX_PROBLEMS, TraceError, TraceProblem
 from topas_bench.workloads.trace_fast import build_task, clean_task, commit
 from topas_bench.workloads.trace_lines import LineError, decode
+from topas_bench.workloads.trace_parse import Parser
 
 #: ``(line number, offset, line bytes or the reason it could not be read)``, non-blank lines
 Lines = Iterable[tuple[int, int, bytes | LineError]]
