@@ -9,6 +9,7 @@ The target: at least 20,000 calls/s (1 million calls in under a minute), memory 
 grow with the tasks (the baseline is the interpreter with the CLI's imports).
 
     python benchmarks/bench_validate.py [--tasks 300000] [--workload dag4] [--repeat 3] [--run]
+        [--keep]
 """
 
 from __future__ import annotations
@@ -50,17 +51,20 @@ def write_trace(path: Path, workload: str, tasks: int) -> int:
     return calls
 
 
-def timed(args: list[str]) -> tuple[float, int]:
-    """(seconds, peak RSS in KB) of a fresh `topas-bench` process."""
+def timed(args: list[str]) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, peak RSS in KB) of a fresh `topas-bench` process. CPU time
+    is what an idle core would take: the wall time counts the other jobs of a shared machine."""
     exe = str(Path(sys.executable).with_name("topas-bench"))
     start = time.perf_counter()
     out = subprocess.run(
-        ["/usr/bin/time", "-f", "%M", exe, *args], capture_output=True, text=True, check=False
-    )
+        ["/usr/bin/time", "-f", "%M %U %S", exe, *args], capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
     seconds = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed: {out.stderr.strip()[-500:]}")
-    return seconds, int(out.stderr.strip().splitlines()[-1])
+    rss, user, system = out.stderr.strip().splitlines()[-1].split()
+    return seconds, float(user) + float(system), int(rss)
 
 
 def main() -> None:
@@ -70,28 +74,35 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--run", action="store_true", help="also time `run -n 1000` on the file")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    ap.add_argument("--keep", action="store_true", help="keep the trace, and reuse a kept one")
     args = ap.parse_args()
     path = args.dir / f"bench-validate-{args.workload}-{args.tasks}.jsonl"
     started = time.perf_counter()
-    calls = write_trace(path, args.workload, args.tasks)
+    if args.keep and path.exists():
+        calls = sum(line.count('"output_tokens"') for line in path.open(encoding="utf-8"))
+    else:
+        calls = write_trace(path, args.workload, args.tasks)
     size = path.stat().st_size / 1e6
     print(f"{path}: {args.tasks:,} tasks, {calls:,} calls, {size:.0f} MB "
           f"(written in {time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
-    base = timed(["workloads", "validate", "docs/examples/writer-reviewer.jsonl"])[1]
+    base = timed(["workloads", "validate", "docs/examples/writer-reviewer.jsonl"])[2]
     runs = [timed(["workloads", "validate", str(path)]) for _ in range(args.repeat)]
-    secs = statistics.median(s for s, _ in runs)
-    peak = max(m for _, m in runs)
-    each = ", ".join(f"{s:.1f}" for s, _ in runs)
+    wall = statistics.median(w for w, _, _ in runs)
+    cpu = statistics.median(c for _, c, _ in runs)
+    peak = max(m for *_, m in runs)
+    each = ", ".join(f"{w:.1f}" for w, _, _ in runs)
     print(
-        f"validate: median {secs:.1f} s of {args.repeat} ({each}): {calls / secs:,.0f} calls/s; "
-        f"peak RSS {peak / 1024:.0f} MB (the CLI alone: {base / 1024:.0f} MB); "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"validate: median {wall:.1f} s wall of {args.repeat} ({each}): {calls / wall:,.0f} "
+        f"calls/s; median {cpu:.1f} s CPU: {calls / cpu:,.0f} calls/CPU-s; peak RSS "
+        f"{peak / 1024:.0f} MB (the CLI alone: {base / 1024:.0f} MB); load average "
+        f"{os.getloadavg()[0]:.1f}"
     )
     if args.run:
         with tempfile.TemporaryDirectory() as out:
-            s, m = timed(["run", "-w", str(path), "-n", "1000", "-s", "fcfs", "--out", out])
-        print(f"run -n 1000 -s fcfs: {s:.1f} s, peak RSS {m / 1024:.0f} MB")
-    path.unlink()
+            w, c, m = timed(["run", "-w", str(path), "-n", "1000", "-s", "fcfs", "--out", out])
+        print(f"run -n 1000 -s fcfs: {w:.1f} s wall, {c:.1f} s CPU, peak RSS {m / 1024:.0f} MB")
+    if not args.keep:
+        path.unlink()
 
 
 if __name__ == "__main__":

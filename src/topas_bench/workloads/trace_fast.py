@@ -39,7 +39,6 @@ def clean_task(ck: Checker, row: Any) -> dict[str, int] | None:
     ancestors: dict[str, set[str]] = {}
     mine: set[str] = set()  # this stage's ancestors (when `small`)
     local: dict[str, int] = {}  # key -> tokens
-    seen_at: dict[str, int] = {}  # key -> the first stage whose prompt has it
     outputs: dict[str, str] = {}  # output key of a stage before -> its id
     for si, s in enumerate(stages):
         if type(s) is not dict or not s.keys() <= _STAGE_KEYS:
@@ -78,7 +77,6 @@ def clean_task(ck: Checker, row: Any) -> dict[str, int] | None:
             total += tokens
             if local.setdefault(key, tokens) != tokens or not key:
                 return None
-            seen_at.setdefault(key, si)
             if (made := outputs.get(key)) is not None and not (
                 made in mine if small else is_ancestor(made, sid, deps, ids)
             ):
@@ -89,10 +87,9 @@ def clean_task(ck: Checker, row: Any) -> dict[str, int] | None:
             return None
         ids[sid] = si
         key = f"{tid}/{sid}/out"
-        if seen_at.get(key, si + 1) <= si:  # its own output, or an earlier stage's read of it
+        if key in local:  # read by this stage or one before: its own output, or a later one's
             return None
-        if local.setdefault(key, out) != out:
-            return None
+        local[key] = out
         outputs[key] = sid
     agent_keys, keys = ck.agent_keys, ck.keys
     for key, tokens in local.items():
