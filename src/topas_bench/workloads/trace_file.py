@@ -64,10 +64,8 @@ def load(file: str, tasks: int | None = None) -> Workload:
     """The file's workload: all of its tasks, or, given `tasks` below its count, its first
     `tasks` ones (`trace_index`). Read once per content (a rewritten file is read again)."""
     key = _key(file)
-    if tasks is not None:
-        found = _scan(*key, tasks)
-        if tasks < found.tasks:
-            return found.first
+    if tasks is not None and (first := _scan(*key, tasks).first) is not None:
+        return first
     return _load(*key)
 
 

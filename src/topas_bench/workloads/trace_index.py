@@ -46,7 +46,9 @@ class TraceScan:
 
     tasks: int
     last_arrival_s: float
-    first: Workload  # the header's workload with the `keep` first tasks, checked in full
+    #: the header's workload with the `keep` first tasks, checked in full; None when `keep`
+    #: covers every task (then the caller loads the whole file, as `load_workload`)
+    first: Workload | None
 
 
 def scan(path: Path, keep: int) -> TraceScan:
@@ -88,6 +90,8 @@ def scan(path: Path, keep: int) -> TraceScan:
                 break
     if problems:
         raise TraceError(source, problems)
+    if len(ids) <= keep and header is not None and ids:  # all of them: the caller loads all
+        return TraceScan(len(ids), last, None)
     wanted = {n for *_, n in chosen} | ({header[0]} if header else set())
     first = check_lines(_picked(path, wanted), source)[0]
     return TraceScan(len(ids), last, first)
