@@ -26,6 +26,7 @@ from topas_bench.cli_common import (
     check_writable_file,
     err,
     handles_errors,
+    lists_problems,
     out,
     parse_assignments,
     parse_scheduler_params,
@@ -502,7 +503,7 @@ def workloads_saturation(
 
 
 @workloads_app.command("validate")
-@handles_errors
+@lists_problems
 def workloads_validate(
     path: Annotated[Path, typer.Argument(help="Trace file (JSONL).")],
     kv_budget: Annotated[
@@ -510,17 +511,17 @@ def workloads_validate(
         typer.Option("--kv-budget", help="Also check every call fits this KV budget (tokens)."),
     ] = None,
 ) -> None:
-    """Validate a trace file against the format's JSON Schema (docs/workload-format.md), then
-    its DAG, agents and keys; report every problem with its line and field.
+    """Validate a trace file (docs/workload-format.md): every line against the format (all its
+    JSON Schema says, and more), then the DAG, agents and keys; report every problem with its
+    line and field. Streams: memory stays small whatever the file's size. A .gz file or one
+    with a UTF-8 byte order mark is read as it is.
 
     Example: topas-bench workloads validate dag4.jsonl --kv-budget 18692
     """
-    from topas_bench.workloads.schema import validate_text
-    from topas_bench.workloads.trace import read_text
+    from topas_bench.workloads.trace import validate_file
 
-    w = validate_text(read_text(path), source=str(path), kv_budget_tokens=kv_budget)
-    calls = sum(len(t.stages) for t in w.tasks)
-    out.print(f"{path}: valid: {len(w.tasks)} tasks, {calls} calls, {len(w.agents)} agents")
+    s = validate_file(path, kv_budget_tokens=kv_budget)
+    out.print(f"{path}: valid: {s.tasks:,} tasks, {s.calls:,} calls, {s.agents} agents")
 
 
 # -- schedulers and presets -------------------------------------------------------------------

@@ -33,6 +33,7 @@ from topas_bench.schedulers.registry import (
 from topas_bench.workloads.model import Stage, Workload
 from topas_bench.workloads.registry import DEFAULT_RATE_PRESET, generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
+from topas_bench.workloads.trace_parse import MAX_TIME_S, MAX_TOKENS
 
 #: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
 CAPACITY_PROBE_TASKS = 200
@@ -120,8 +121,13 @@ def plan_run(
     for name, value in (("--rate", rate_per_s), ("--load", load)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise TopasError(f"{name} must be a positive number, got {value}")
-    if kv_budget_tokens is not None and kv_budget_tokens < 1:
-        raise TopasError(f"--kv-budget must be a positive number of tokens, got {kv_budget_tokens}")
+    if kv_budget_tokens is not None and not 1 <= kv_budget_tokens <= MAX_TOKENS:
+        raise TopasError(
+            f"--kv-budget must be a positive number of tokens, got {kv_budget_tokens} (at most "
+            f"{MAX_TOKENS:,})"
+        )
+    if not 0 <= host_tier_tokens <= MAX_TOKENS:
+        raise TopasError(f"--host-tier-tokens must be 0..{MAX_TOKENS:,}, got {host_tier_tokens}")
     budget = kv_budget_tokens if kv_budget_tokens is not None else pre.derived_kv_budget_tokens
     sim = SimConfig(
         kv_budget_tokens=budget, length_hint=length_hint, host_tier_tokens=host_tier_tokens
@@ -134,6 +140,7 @@ def plan_run(
         own = workload == "trace"  # a trace file keeps its own arrival times
         default = run_defaults(workload, wparams)[1] * (1 if own else scale)
         rate = rate_per_s if rate_per_s is not None else default
+    check_span(num_tasks, rate, "--load" if load is not None else "--rate", load or rate_per_s)
     sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
     for name in sparams:
         if name not in schedulers:
@@ -161,6 +168,28 @@ def plan_run(
         kv_budget_derived=kv_budget_tokens is None, sim=sim, out=out, engine=engine,
         cluster=cluster,
     )  # fmt: skip
+
+
+def check_span(num_tasks: int, rate_per_s: float, flag: str, given: float | None) -> None:
+    """Refuse a rate at which the tasks would arrive past `MAX_TIME_S` (about 31.7 years; the
+    clock loses the precision a run needs beyond it): their expected span is tasks / rate.
+    `flag` and `given` say where the rate came from (`--rate`, `--load`), for the message."""
+    if not (rate_per_s > 0 and num_tasks / rate_per_s > MAX_TIME_S):
+        return
+    need = num_tasks / MAX_TIME_S  # the least rate
+    if flag == "--load" and given is not None:
+        said, fix = (
+            f"--load {given:g} (a rate of {rate_per_s:.3g} tasks/s)",
+            f"--load {given * need / rate_per_s:.3g}",
+        )
+    elif given is not None:
+        said, fix = f"--rate {given:g}", f"--rate {need:.3g}"
+    else:
+        said, fix = f"the default rate {rate_per_s:.3g} tasks/s", f"--rate {need:.3g}"
+    raise TopasError(
+        f"{said}: {num_tasks:,} tasks would arrive over about {num_tasks / rate_per_s:.3g} s, "
+        f"past the {MAX_TIME_S:g} s (31.7 years) a run's clock resolves; give at least {fix}"
+    )
 
 
 def cluster_config(

@@ -19,7 +19,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from topas_bench.cli_common import handles_errors, out
+from topas_bench.cli_common import handles_errors, lists_problems, out
 from topas_bench.workloads.model import Workload
 
 trace_app = typer.Typer(
@@ -87,7 +87,7 @@ def _wrote(w: Workload, output: Path) -> None:
 
 
 @trace_app.command("import")
-@handles_errors
+@lists_problems
 def trace_import(
     file: Annotated[Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).")],
     output: Annotated[

@@ -34,6 +34,7 @@ from topas_bench.errors import TopasError, UnknownNameError
 from topas_bench.registry import Registry
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.model import Agent, Stage, Task, Workload
+from topas_bench.workloads.trace_lines import path_problem
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -76,9 +77,9 @@ def resolve(name: str, params: Mapping[str, Any] | None = None) -> tuple[str, di
     params = dict(params or {})
     if name in WORKLOADS:
         return name, params
-    if name.endswith(".jsonl") or os.sep in name or "/" in name or os.path.isfile(name):
-        if not os.path.isfile(name):
-            raise TopasError(f"workload file {name}: no such file")
+    if name.endswith((".jsonl", ".gz")) or os.sep in name or "/" in name or os.path.exists(name):
+        if problem := path_problem(name):  # missing, a directory, a device, ...
+            raise TopasError(f"workload file {name}: {problem}")
         if params.get("file", name) != name:
             raise TopasError(f"workload {name} is a file; it takes no other `file` parameter")
         return "trace", {"file": name, **params}

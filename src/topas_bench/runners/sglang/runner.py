@@ -326,6 +326,7 @@ def _finish(
     fleet: Fleet | None, wall_s: float, attempted: int,
 ) -> CellResult:  # fmt: skip
     from topas_bench.analysis.metrics import RunTables, run_info
+    from topas_bench.invariants import jct_floors, no_floor
     from topas_bench.plan import CellResult
     from topas_bench.unloaded import with_unloaded_jct
 
@@ -391,7 +392,8 @@ def _finish(
         "workload_digest": digest, "resumed": attempted < plan.num_tasks,
         **({"cluster": cluster} if cluster is not None else {}),
     }  # fmt: skip
-    write_run(run_dir, ident, tables, info)
+    # a real server's speed is unknown: only the client's own delays bound a JCT
+    write_run(run_dir, ident, tables, info, jct_floor_s=jct_floors(plan.workload, no_floor))
     extra = {"per_replica": cluster["per_replica"]} if cluster is not None else {}
     return CellResult(ident.scheduler, run_dir, summary, span, wall_s, extra=extra)
 
