@@ -146,7 +146,7 @@ def test_run_writes_tables_and_run_json_matching_the_output(
             "kv_budget_tokens": A100_BUDGET,
             "engine": "sim",
             "engine_version": engine_version("sim"),
-            "workload_params": {},
+            "workload_params": {"max_tokens": "cap", "max_tokens_cap": 4096},
             "scheduler_params": {},
             "engine_params": {},
         }

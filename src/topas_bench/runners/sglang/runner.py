@@ -142,7 +142,7 @@ def identity(plan: RunPlan, scheduler: str, opts: SglangOptions) -> RunIdentity:
         seed=plan.seed, scheduler=scheduler, preset=plan.preset.name,
         kv_budget_tokens=0 if plan.kv_budget_derived else plan.kv_budget_tokens, engine="sglang",
         engine_version=engine_version("sglang"),
-        workload_params=dict(plan.workload_params),
+        workload_params=plan.identity_workload_params,
         scheduler_params=dict(plan.scheduler_params.get(scheduler, {})),
         engine_params=engine_params,
     )  # fmt: skip
