@@ -57,7 +57,7 @@ OTHER = (
 COMPARED = {"mean": "mean_jct_s", "p99": "p99_jct_s"}
 GROUP_COLUMNS = (
     "group", "group_label", "workload", "preset", "kv_budget_tokens", "rate_per_s", "load",
-    "num_tasks",
+    "num_tasks", "max_tokens",
 )  # fmt: skip
 STAGE_COLUMNS = ("calls", "mean_latency_s", "p99_latency_s", "mean_queue_s", "mean_ttft_s")
 
