@@ -16,7 +16,7 @@ import ast
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from typer.testing import CliRunner
@@ -41,6 +41,10 @@ DATA = Path(__file__).parent / "data" / "metagpt"
 SCHEDULERS = Path(__file__).resolve().parents[1] / "src" / "topas_bench" / "schedulers"
 GENERATORS = [n for n in WORKLOADS.names() if n != "trace"]
 POLICIES = ["fcfs", "lpm", "spf", "parrot", "autellix", "topas", "lof"]
+
+
+def _outputs(w: Workload) -> list[int]:
+    return [s.output_tokens for _, s in w.stages()]
 
 
 # -- the setting ----------------------------------------------------------------------------------
@@ -94,7 +98,7 @@ def test_trace_files_keep_their_caps_unless_told(tmp_path: Path) -> None:
     assert all(s.max_new_tokens == s.output_tokens == 256 for _, s in exact.stages())
     cap = generate(str(path), num_tasks=3, max_tokens="cap", max_tokens_cap=2048)
     assert {s.max_new_tokens for _, s in cap.stages()} == {2048}
-    assert [s.output_tokens for _, s in cap.stages()] == [s.output_tokens for _, s in exact.stages()]
+    assert _outputs(cap) == _outputs(exact)
 
 
 def test_trace_import_and_replay_take_the_setting() -> None:
@@ -102,7 +106,7 @@ def test_trace_import_and_replay_take_the_setting() -> None:
     cap, exact = import_trace(path), import_trace(path, max_tokens="exact")
     assert {s.max_new_tokens for _, s in cap.stages()} == {4096}
     assert all(s.max_new_tokens == s.output_tokens for _, s in exact.stages())
-    assert [s.output_tokens for _, s in cap.stages()] == [s.output_tokens for _, s in exact.stages()]
+    assert _outputs(cap) == _outputs(exact)
     assert cap.params["max_tokens"] == "cap" and exact.params["max_tokens"] == "exact"
     replay = generate("metagpt-replay", num_tasks=2, max_tokens="exact")
     assert all(s.max_new_tokens == s.output_tokens for _, s in replay.stages())
@@ -187,7 +191,7 @@ def _req(view: EngineView, r: RequestView) -> tuple[Any, ...]:
     return (
         r.rid, r.task_id, r.stage_id, r.agent, r.kind, tuple(r.prompt), r.prompt_tokens,
         r.generated, r.ready_s, r.queued_s, r.admitted_s, r.preemptions, r.service_s,
-        getattr(r, "max_new_tokens"),  # what a server sees of the output: the cap
+        cast(Any, r).max_new_tokens,  # what a server sees of the output: the cap
         view.cached_tokens(r), view.admission_need(r), view.lock_cost(r),
         est.residual_tokens(r.agent, r.kind, r.generated, key), est.residual_service_s(r),
     )  # fmt: skip
@@ -296,7 +300,8 @@ def test_no_policy_reaches_behind_the_views() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in behind:
                 found.append(f"{path.name}:{node.lineno} .{node.attr}")
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "getattr":
-                if not (path.name == "params.py" and ast.unparse(node.args[0]) == "self"):
-                    found.append(f"{path.name}:{node.lineno} getattr")
+            if not isinstance(node, ast.Call) or getattr(node.func, "id", "") != "getattr":
+                continue
+            if not (path.name == "params.py" and ast.unparse(node.args[0]) == "self"):
+                found.append(f"{path.name}:{node.lineno} getattr")
     assert found == []

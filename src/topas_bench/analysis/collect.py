@@ -27,7 +27,6 @@ import pandas as pd
 
 from topas_bench.analysis.metrics import RunTables, Slo, stage_summary, summarize
 from topas_bench.errors import TopasError
-from topas_bench.workloads import lengths
 from topas_bench.results import (
     TABLES,
     RunIdentity,
@@ -36,6 +35,7 @@ from topas_bench.results import (
     read_meta,
     read_table,
 )
+from topas_bench.workloads import lengths
 
 #: Identity fields that vary within a group, i.e. are not part of the group key.
 WITHIN_GROUP = ("scheduler", "scheduler_params", "seed")

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads.lengths import METAGPT_CAP, check_cap, check_mode
 from topas_bench.workloads.metagpt import PREFIX_MODES, check_prefix_mode
 from topas_bench.workloads.metagpt_import import for_task, load_calls, recorded_job
-from topas_bench.workloads.lengths import METAGPT_CAP, check_cap, check_mode
 from topas_bench.workloads.model import Agent, Stage, Workload
 from topas_bench.workloads.registry import build_workload
 

@@ -311,6 +311,7 @@ _add(
     0.0327, "cap",
 )  # fmt: skip
 
+
 def _trace_defaults(params: Mapping[str, Any]) -> tuple[int, float]:
     fn: Callable[[Mapping[str, Any]], tuple[int, float]]
     fn = import_module("topas_bench.workloads.trace_file").defaults  # lazily, as `_lazy`

@@ -5,12 +5,13 @@ scheduling: the only randomness is the Poisson arrival process. Stage ``s<i>`` i
 the shape below, with kind = its role. A stage's prompt is its agent's prefix
 (``agent:<agent>``, `prefix_tokens`), then the outputs of its dependencies in dependency order
 (`output_tokens` each); a root stage reads the task input ``<task_id>/input`` (`input_tokens`)
-instead. Every stage generates `output_tokens` tokens. ``max_tokens`` (`lengths`): ``exact`` (default)
-sends that length as `max_new_tokens` with ``ignore_eos``, as a benchmark client does (SGLang's
-``bench_serving``; most likely the paper's synthetic setup, DESIGN section 7); ``cap`` sends
-``max_tokens_cap`` (4,096) and the call ends at EOS. Every policy sees the same either way in
-effect: the lengths are fixed, so the shared estimator learns them from the first finished call
-(its prior is 256, the default length, too).
+instead. Every stage generates `output_tokens` tokens. ``max_tokens`` (`lengths`): ``exact``
+(default) sends that length as `max_new_tokens` with ``ignore_eos``, as a benchmark client does
+(SGLang's ``bench_serving``; most likely the paper's synthetic setup, DESIGN section 7); ``cap``
+sends ``max_tokens_cap`` (4,096) and the call ends at EOS. Exact caps tell a policy that reads
+them nothing the others lack here: every length is the same, and the shared estimator's prior is
+256 (the default length), so it knows them from the start (after the first finished call of each
+agent for other lengths).
 
 Default lengths are ours (the paper does not publish them): 4,096-token prefixes ("thousands of
 tokens each"), a 256-token task input and 256 output tokens per stage. The largest request is
