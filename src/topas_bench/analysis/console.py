@@ -11,7 +11,7 @@ from rich.table import Table
 
 from topas_bench.analysis.metrics import METRIC_BY_NAME
 from topas_bench.runners.sim.cost import Preset, load_preset, preset_names
-from topas_bench.workloads.lengths import CAP, MODE, describe, setting
+from topas_bench.workloads.lengths import describe, lengths_line
 from topas_bench.workloads.model import Workload
 from topas_bench.workloads.registry import WORKLOADS
 
@@ -68,31 +68,14 @@ def arrivals_line(plan: RunPlan) -> str:
     return f"workload {title}: {plan.num_tasks} tasks, seed {plan.seed}, {rate}"
 
 
-def lengths_line(plan: RunPlan) -> str:
-    """What the client sends as max_tokens, and so what the policies know of output lengths."""
-    s = setting(plan.workload_name, plan.workload.params)
-    if s[MODE] == "cap":
-        how = (
-            f"every call sends max_tokens {s[CAP]:,} and ends at EOS: policies see the cap, "
-            "not the lengths"
-        )
-    elif s[MODE] == "exact":
-        how = "each call sends its output length with ignore_eos: the server sees every length"
-    else:
-        how = "each stage's own max_new_tokens, as in the file"
-    line = f"lengths: {MODE}={s[MODE]} ({how})"
-    if plan.sim.length_hint == "oracle":
-        line += "; length hint oracle: policies see true output lengths"
-    return line
-
-
 def print_plan(console: Console, plan: RunPlan) -> None:
     console.print(arrivals_line(plan), markup=False)
     console.print(
         f"engine {plan.engine}, preset {plan.preset.name} ({plan.preset.gpu.name}, "
         f"{plan.preset.model.name}), {budget_line(plan)}"
     )
-    console.print(lengths_line(plan), markup=False)
+    oracle = plan.sim.length_hint == "oracle"
+    console.print(lengths_line(plan.workload_name, plan.workload.params, oracle), markup=False)
     if plan.sim.host_tier_tokens:
         console.print(f"host tier: {plan.sim.host_tier_tokens:,} tokens")
     if plan.cluster is not None:

@@ -130,6 +130,25 @@ def describe(workload: str, identity_params: Mapping[str, Any]) -> str:
     return f"{MODE}={s[MODE]}" + (f" {s[CAP]}" if CAP in s else "")
 
 
+def lengths_line(workload: str, params: Mapping[str, Any], oracle: bool = False) -> str:
+    """The line `run` prints: what the client sends as max_tokens (from the generated
+    workload's `params`), and so what the policies know of output lengths."""
+    s = setting(workload, params)
+    if s[MODE] == "cap":
+        how = (
+            f"every call sends max_tokens {s[CAP]:,} and ends at EOS: policies see the cap, "
+            "not the lengths"
+        )
+    elif s[MODE] == "exact":
+        how = "each call sends its output length with ignore_eos: the server sees every length"
+    else:
+        how = "each stage's own max_new_tokens, as in the file"
+    line = f"lengths: {MODE}={s[MODE]} ({how})"
+    if oracle:
+        line += "; length hint oracle: policies see true output lengths"
+    return line
+
+
 def check_given(where: str, given: Mapping[str, Any], mode: str) -> None:
     """A cap given with another mode would be ignored: an error, not a silent no-op. `where`
     starts the message (``workload 'dag4'``)."""

@@ -52,6 +52,7 @@ from topas_bench.runners.sim.records import (
     TASK_COLUMNS,
     TIMELINE_COLUMNS,
 )
+from topas_bench.workloads.lengths import lengths_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -405,6 +406,7 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     where = f"endpoint {opts.endpoint}" if opts.endpoint else f"model {opts.model}"
     budget = "server default" if plan.kv_budget_derived else f"{plan.kv_budget_tokens:,} tokens"
     console.print(f"engine sglang, {where}, KV budget {budget}")
+    console.print(lengths_line(plan.workload_name, plan.workload.params), markup=False)
     if plan.cluster is not None:
         console.print(f"cluster: {plan.cluster.describe()} (sglang-router 0.3.2)", markup=False)
     console.print(f"schedulers: {', '.join(plan.schedulers)}")
