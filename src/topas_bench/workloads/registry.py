@@ -289,26 +289,30 @@ _add(
     "dag10-wide", "planner -> 8 workers -> joiner; fixed lengths", "synthetic",
     "make_dag10_wide", 0.0160,
 )  # fmt: skip
-# The MetaGPT family sends MetaGPT's own cap, 4,096, on every call (`lengths`).
+# The MetaGPT family sends MetaGPT's own cap, 4,096, on every call (`lengths`), so SGLang
+# reserves KV for up to 4,096 output tokens per call (x its new-token ratio) where exact lengths
+# reserved the true length: capacities 29-33% lower than with exact lengths (0.0984, 0.00591,
+# 0.00763, 0.0327; metagpt-tl-full 14%, 0.00155), re-measured with tests/test_default_rates.py
+# (`measure_capacity(name, (), a100-qwen32b, 18692)`) when the default became `cap`.
 _add(
-    "metagpt-sop", "MetaGPT SOP: 5-role chain, PRD to tests", "metagpt", "make_sop", 0.0984,
+    "metagpt-sop", "MetaGPT SOP: 5-role chain, PRD to tests", "metagpt", "make_sop", 0.0659,
     "cap",
 )  # fmt: skip
 _add(
     "metagpt-tl", "MetaGPT TeamLeader: 9-stage star, append-only TL memory", "metagpt",
-    "make_tl", 0.00591, "cap",
+    "make_tl", 0.00418, "cap",
 )  # fmt: skip
 _add(
-    "metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00763,
+    "metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00525,
     "cap",
 )  # fmt: skip
 _add(
-    "metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00155,
+    "metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00134,
     "cap",
 )  # fmt: skip
 _add(
     "metagpt-replay", "a recorded MetaGPT run, replayed", "metagpt_replay", "make_replay",
-    0.0327, "cap",
+    0.0227, "cap",
 )  # fmt: skip
 
 
