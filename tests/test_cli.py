@@ -94,9 +94,13 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]
 def test_run_prints_the_plan(default_run: tuple[Result, Path]) -> None:
     result, _ = default_run
     assert load_preset("a100-qwen32b").derived_kv_budget_tokens == A100_BUDGET
-    assert TL_RATE == 0.0047
+    assert TL_RATE == 0.0033
     out = text(result)
-    assert "workload metagpt-tl: 6 tasks, seed 0, Poisson rate 0.0047 tasks/s" in out
+    assert "workload metagpt-tl: 6 tasks, seed 0, Poisson rate 0.0033 tasks/s" in out
+    assert (
+        "lengths: max_tokens=cap (every call sends max_tokens 4,096 and ends at EOS: policies "
+        "see the cap, not the lengths)"
+    ) in out
     assert (
         "engine sim, preset a100-qwen32b (A100-SXM4-80GB, Qwen2.5-32B-Instruct), "
         "KV budget 18,692 tokens (derived: 80 GB x 0.88 - 65.5 GB weights, 256 KiB/token; "
@@ -151,7 +155,7 @@ def test_run_writes_tables_and_run_json_matching_the_output(
             "engine_params": {},
         }
         digest = RunIdentity(**m["identity"]).digest
-        assert run_dir.name == f"sim-a100-qwen32b-kv18692-r0.0047-n6-s0-{digest}"
+        assert run_dir.name == f"sim-a100-qwen32b-kv18692-r{TL_RATE:g}-n6-s0-{digest}"
         row = table[name]
         assert {k: row[k] for k in printed(m["summary"])} == printed(m["summary"])
         assert row["sim s"] == f"{m['sim_time_s']:,.0f}"
