@@ -305,3 +305,23 @@ def test_no_policy_reaches_behind_the_views() -> None:
             if not (path.name == "params.py" and ast.unparse(node.args[0]) == "self"):
                 found.append(f"{path.name}:{node.lineno} getattr")
     assert found == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known channel (issue 21, reported): a stage not yet sent shows its whole prompt "
+    "size, which includes its upstream calls' true outputs; SPF, TOPAS and Continuum read it "
+    "(the prefill of a stage to come)",
+)
+def test_cap_mode_views_with_consistent_prompts() -> None:
+    """As the test above, but the second workload is sampled with other output ranges, so its
+    downstream prompts carry its own outputs, as a real client's would once they exist."""
+    halved = {"plan_tokens": [225, 325], "route_tokens": [100, 150], "status_tokens": [40, 60],
+              "prd_tokens": [400, 1000], "design_tokens": [400, 1000],
+              "tasks_tokens": [75, 200], "code_tokens": [150, 750]}  # fmt: skip
+    a = generate("metagpt-tl", num_tasks=16, rate_per_s=1.0, seed=5)
+    b = generate("metagpt-tl", num_tasks=16, rate_per_s=1.0, seed=5, **halved)
+    assert [t.arrival_s for t in a.tasks] == [t.arrival_s for t in b.tasks]
+    va, vb = views_until_first_finish(a, "spf"), views_until_first_finish(b, "spf")
+    n = min(len(va), len(vb))
+    assert n >= 5 and va[:n] == vb[:n]
