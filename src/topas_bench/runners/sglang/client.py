@@ -15,7 +15,9 @@ workload. The output ends at the stage's length either way its `max_new_tokens`
   the client sends `min_tokens` = that length (SGLang and vLLM: no EOS before it) and asks for
   usage on every chunk (`stream_options.continuous_usage_stats`), then closes the stream once
   that many tokens came (the server aborts a call whose client left). The call's finish is that
-  moment; the server may have decoded a step or two more before it noticed. `min_tokens` is in
+  moment and its output those tokens; the server will have decoded more by then, since a
+  streamed chunk may carry several tokens (vLLM on CPU sent 67 of a 60-token call once) and it
+  notices the disconnect a step or more later. `min_tokens` is in
   the request's sampling parameters but in no view a policy gets (the plugin's view reads only
   the cap and `ignore_eos`, `adapter.SglangView`). A server that does not send per-chunk usage
   is counted by its streamed chunks (one per decode step on SGLang and vLLM by default).
@@ -288,9 +290,9 @@ class WorkflowClient:
         finally:
             await stream.close()
         finish = self.now()
-        if cut:
+        if cut:  # the call's output is its first `output_tokens` tokens, whatever came after
             prompt = int(usage.prompt_tokens) if usage is not None else st.prompt_tokens
-            output = int(usage.completion_tokens) if usage is not None else pieces
+            output = st.output_tokens
         elif usage is None:  # the stream was cut before its usage block
             raise _Retry(f"{url}: the stream ended without a usage block")
         else:
