@@ -157,13 +157,16 @@ def print_workload(console: Console, w: Workload) -> None:
     console.print(table)
     task = w.tasks[0]
     t = Table(title=f"task {task.id} ({len(task.stages)} calls)", title_justify="left")
-    for col in ("stage", "agent", "kind", "deps", "prompt segments", "prompt", "output", "delay s"):
+    cols = ("stage", "agent", "kind", "deps", "prompt segments", "prompt", "output", "max new",
+            "delay s")  # fmt: skip
+    for col in cols:
         t.add_column(col)
     for s in task.stages:
         segs = ", ".join(f"{g.key}:{g.tokens}" for g in s.prompt)
         t.add_row(
             s.id, s.agent, s.kind, ",".join(s.deps) or "-", segs,
-            f"{s.prompt_tokens:,}", f"{s.output_tokens:,}", f"{s.delay_s:g}",
+            f"{s.prompt_tokens:,}", f"{s.output_tokens:,}", f"{s.max_new_tokens:,}",
+            f"{s.delay_s:g}",
         )  # fmt: skip
     console.print(t)
     for key, value in w.params.items():
