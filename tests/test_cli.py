@@ -419,10 +419,13 @@ def test_workloads_show() -> None:
         assert f"│ {agent} │ 4,096 │" in out
     assert "task t0000 (4 calls)" in out
     # Segment keys print as they are (rich would otherwise render `:A:`/`:B:` as emoji).
-    assert "│ s1 │ B │ B │ s0 │ agent:B:4096, t0000/s0/out:256 │ 4,352 │ 256 │ 0 │" in out
+    assert "│ s1 │ B │ B │ s0 │ agent:B:4096, t0000/s0/out:256 │ 4,352 │ 256 │ 256 │ 0 │" in out
+    assert "max_tokens = exact" in out
     assert "│ s3 │ D │ D │ s1,s2 │ agent:D:4096, t0000/s1/out:256, t0000/s2/out:256 │" in out
     assert "prefix_tokens = 4096" in out
 
+    capped = text(ok("workloads", "show", "dag4", "--workload-param", "max_tokens=cap"))
+    assert "│ 4,352 │ 256 │ 4,096 │ 0 │" in capped  # the cap sent, the true output kept
     custom = text(ok("workloads", "show", "dag4", "--workload-param", "prefix_tokens=100"))
     assert "│ A │ 100 │" in custom
     assert "prefix_tokens = 100" in custom
