@@ -94,9 +94,13 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]
 def test_run_prints_the_plan(default_run: tuple[Result, Path]) -> None:
     result, _ = default_run
     assert load_preset("a100-qwen32b").derived_kv_budget_tokens == A100_BUDGET
-    assert TL_RATE == 0.0047
+    assert TL_RATE == 0.0033
     out = text(result)
-    assert "workload metagpt-tl: 6 tasks, seed 0, Poisson rate 0.0047 tasks/s" in out
+    assert "workload metagpt-tl: 6 tasks, seed 0, Poisson rate 0.0033 tasks/s" in out
+    assert (
+        "lengths: max_tokens=cap (every call sends max_tokens 4,096 and ends at EOS: policies "
+        "see the cap, not the lengths)"
+    ) in out
     assert (
         "engine sim, preset a100-qwen32b (A100-SXM4-80GB, Qwen2.5-32B-Instruct), "
         "KV budget 18,692 tokens (derived: 80 GB x 0.88 - 65.5 GB weights, 256 KiB/token; "
@@ -146,12 +150,12 @@ def test_run_writes_tables_and_run_json_matching_the_output(
             "kv_budget_tokens": A100_BUDGET,
             "engine": "sim",
             "engine_version": engine_version("sim"),
-            "workload_params": {},
+            "workload_params": {"max_tokens": "cap", "max_tokens_cap": 4096},
             "scheduler_params": {},
             "engine_params": {},
         }
         digest = RunIdentity(**m["identity"]).digest
-        assert run_dir.name == f"sim-a100-qwen32b-kv18692-r0.0047-n6-s0-{digest}"
+        assert run_dir.name == f"sim-a100-qwen32b-kv18692-r{TL_RATE:g}-n6-s0-{digest}"
         row = table[name]
         assert {k: row[k] for k in printed(m["summary"])} == printed(m["summary"])
         assert row["sim s"] == f"{m['sim_time_s']:,.0f}"
@@ -415,10 +419,13 @@ def test_workloads_show() -> None:
         assert f"│ {agent} │ 4,096 │" in out
     assert "task t0000 (4 calls)" in out
     # Segment keys print as they are (rich would otherwise render `:A:`/`:B:` as emoji).
-    assert "│ s1 │ B │ B │ s0 │ agent:B:4096, t0000/s0/out:256 │ 4,352 │ 256 │ 0 │" in out
+    assert "│ s1 │ B │ B │ s0 │ agent:B:4096, t0000/s0/out:256 │ 4,352 │ 256 │ 256 │ 0 │" in out
+    assert "max_tokens = exact" in out
     assert "│ s3 │ D │ D │ s1,s2 │ agent:D:4096, t0000/s1/out:256, t0000/s2/out:256 │" in out
     assert "prefix_tokens = 4096" in out
 
+    capped = text(ok("workloads", "show", "dag4", "--workload-param", "max_tokens=cap"))
+    assert "│ 4,352 │ 256 │ 4,096 │ 0 │" in capped  # the cap sent, the true output kept
     custom = text(ok("workloads", "show", "dag4", "--workload-param", "prefix_tokens=100"))
     assert "│ A │ 100 │" in custom
     assert "prefix_tokens = 100" in custom

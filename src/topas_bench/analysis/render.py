@@ -69,7 +69,10 @@ def to_markdown(rep: Report) -> str:
         "Goodput: tasks/s "
         f"that met the SLO ({rep.slo.describe()}). The paper's reductions are shown only for "
         f"runs in its setting ({PAPER_PRESET}, KV budget {PAPER_KV_BUDGET:,}, default workload "
-        f"parameters and rate, load {DEFAULT_LOAD:g}).",
+        f"parameters and rate, load {DEFAULT_LOAD:g}; either max_tokens setting). max_tokens "
+        "(in each setting): exact = every call sent its true output length (with ignore_eos), "
+        "so the server, and TOPAS's admission need, saw every length; cap N = every call sent "
+        "N and ended at EOS, so no policy saw a length it did not estimate.",
         "",
     ]
     lines += _summary(rep.rows)

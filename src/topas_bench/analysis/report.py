@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from topas_bench.analysis.bootstrap import mean_ci, reduction_ci
-from topas_bench.analysis.collect import Collection
+from topas_bench.analysis.collect import LENGTH_KEYS, Collection
 from topas_bench.analysis.metrics import Slo
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
 from topas_bench.workloads.registry import DEFAULT_LOAD, WORKLOADS
@@ -57,7 +57,7 @@ OTHER = (
 COMPARED = {"mean": "mean_jct_s", "p99": "p99_jct_s"}
 GROUP_COLUMNS = (
     "group", "group_label", "workload", "engine", "preset", "kv_budget_tokens", "rate_per_s",
-    "load", "num_tasks",
+    "load", "num_tasks", "max_tokens",
 )  # fmt: skip
 STAGE_COLUMNS = ("calls", "mean_latency_s", "p99_latency_s", "mean_queue_s", "mean_ttft_s")
 
@@ -76,7 +76,8 @@ class Report:
 def paper_setting(group_key: str, load: float) -> bool:
     """Whether a group (its identity JSON, `collect.WITHIN_GROUP` left out, and its load) was
     run in the paper's setting, so that the paper's reductions may stand beside it: load 0.8,
-    or without a load the workload's default rate."""
+    or without a load the workload's default rate. Either length setting (`max_tokens`, which
+    the paper does not state) counts; the group's label says which one it used."""
     g = json.loads(group_key)
     name = g["workload"]
     if name not in PAPER_REDUCTIONS or name not in WORKLOADS:
@@ -87,7 +88,8 @@ def paper_setting(group_key: str, load: float) -> bool:
         at_default = math.isclose(load, DEFAULT_LOAD)
     return bool(
         at_default and g.get("engine", "sim") == "sim" and g["preset"] == PAPER_PRESET
-        and g["kv_budget_tokens"] == PAPER_KV_BUDGET and not g["workload_params"]
+        and g["kv_budget_tokens"] == PAPER_KV_BUDGET
+        and not {k: v for k, v in g["workload_params"].items() if k not in LENGTH_KEYS}
         and not g["engine_params"]
     )  # fmt: skip
 

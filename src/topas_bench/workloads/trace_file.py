@@ -13,6 +13,10 @@ trace: `registry.resolve` turns it into this workload with ``file`` set. Paramet
   process started at t = 0 gives), is the default, so a run without ``--rate`` replays the file
   exactly. ``poisson`` draws new Poisson arrivals at the rate from the run's seed (the file's
   order of tasks is kept). With ``recorded`` the seed changes nothing.
+- ``max_tokens`` (`lengths`): ``file`` (default) sends each stage's own ``max_new_tokens``, so a
+  trace runs as written; ``exact`` overrides it with the stage's ``output_tokens`` (with
+  ``ignore_eos``); ``cap`` with ``max_tokens_cap`` (default 4,096) on every stage, each call
+  ending at EOS after its ``output_tokens``. The true lengths never change.
 
 Without ``--tasks`` a run takes every task of the file. Fewer tasks than the file holds are
 its first by ``(arrival_s, id)``: only those are read in full (`trace_index`; the other
@@ -36,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads import lengths
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.model import Segment, Task, Workload
 from topas_bench.workloads.registry import parse_params
@@ -51,8 +56,12 @@ ARRIVALS = ("recorded", "poisson")
 class TraceFileParams:
     file: str = ""
     arrivals: str = ARRIVALS[0]
+    max_tokens: str = lengths.FILE_MODES[0]
+    max_tokens_cap: int = lengths.METAGPT_CAP
 
     def __post_init__(self) -> None:
+        lengths.check_mode(self.max_tokens, lengths.FILE_MODES)
+        lengths.check_cap(self.max_tokens_cap)
         if not isinstance(self.file, str) or not self.file:
             raise TopasError("file must be the path of a workload trace (JSONL)")
         if self.arrivals not in ARRIVALS:
@@ -104,9 +113,14 @@ def make_trace(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str
         raise TopasError(f"{where}: num_tasks must be a positive integer, got {num_tasks}")
     if not (math.isfinite(rate_per_s) and rate_per_s >= 0):
         raise TopasError(f"{where}: rate_per_s must be a number >= 0, got {rate_per_s}")
+    lengths.check_given(where, overrides, p.max_tokens)
     found = _scan(*_key(p.file), num_tasks)  # the count and last arrival of the whole file
     w = load(p.file, num_tasks)
-    base = sorted(w.tasks, key=lambda t: (t.arrival_s, t.id))
+    try:
+        base = list(lengths.apply_tasks(w.tasks, p.max_tokens, p.max_tokens_cap))
+    except TopasError as e:
+        raise TopasError(f"{where}: {e}") from None
+    base.sort(key=lambda t: (t.arrival_s, t.id))
     k = len(base)  # all of the file, or its first `num_tasks`
     times, scale = _arrivals(p, found, base, num_tasks, rate_per_s, seed)
     tasks = tuple(
@@ -115,6 +129,7 @@ def make_trace(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str
     params = {
         "file": p.file, "arrivals": p.arrivals, "name": w.name, "num_tasks": num_tasks,
         "rate_per_s": rate_per_s, "time_scale": scale,
+        **lengths.setting(NAME, {lengths.MODE: p.max_tokens, lengths.CAP: p.max_tokens_cap}),
     }  # fmt: skip
     return Workload(w.name, w.agents, tasks, params, seed, generator=NAME)
 

@@ -52,6 +52,7 @@ from topas_bench.runners.sim.records import (
     TASK_COLUMNS,
     TIMELINE_COLUMNS,
 )
+from topas_bench.workloads.lengths import lengths_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -142,7 +143,7 @@ def identity(plan: RunPlan, scheduler: str, opts: SglangOptions) -> RunIdentity:
         seed=plan.seed, scheduler=scheduler, preset=plan.preset.name,
         kv_budget_tokens=0 if plan.kv_budget_derived else plan.kv_budget_tokens, engine="sglang",
         engine_version=engine_version("sglang"),
-        workload_params=dict(plan.workload_params),
+        workload_params=plan.identity_workload_params,
         scheduler_params=dict(plan.scheduler_params.get(scheduler, {})),
         engine_params=engine_params,
     )  # fmt: skip
@@ -407,6 +408,7 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     where = f"endpoint {opts.endpoint}" if opts.endpoint else f"model {opts.model}"
     budget = "server default" if plan.kv_budget_derived else f"{plan.kv_budget_tokens:,} tokens"
     console.print(f"engine sglang, {where}, KV budget {budget}")
+    console.print(lengths_line(plan.workload_name, plan.workload.params), markup=False)
     if plan.cluster is not None:
         console.print(f"cluster: {plan.cluster.describe()} (sglang-router 0.3.2)", markup=False)
     console.print(f"schedulers: {', '.join(plan.schedulers)}")
