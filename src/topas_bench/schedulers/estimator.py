@@ -16,6 +16,7 @@ hands the estimator a lookup of true lengths and every expectation uses it inste
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -58,6 +59,11 @@ class _Dist:
                 suffix[i] = suffix[i + 1] + self._sorted[i]
             self._suffix = suffix
         return suffix
+
+    def values_in(self, low: float, high: float) -> list[float]:
+        """The distinct samples x with low < x <= high."""
+        s = self._sorted
+        return sorted(set(s[bisect.bisect_right(s, low) : bisect.bisect_right(s, high)]))
 
     def residual(self, attained: float, prior: float, prior_weight: float) -> float:
         """E[X - a | X > a] over the samples plus `prior_weight` pseudo-samples at `prior`."""
@@ -134,6 +140,18 @@ class ServiceEstimator:
             tpot = keep * tpot + rest * s
         self._tpot_s = tpot
 
+    def tpot_path(self, steps_s: Sequence[float]) -> list[float]:
+        """`tpot_s` after each of `steps_s` were observed in turn (`observe_decode_steps`'
+        arithmetic), without observing them."""
+        keep = (1.0 - self._alpha) ** 1
+        rest = 1.0 - keep
+        tpot = self._tpot_s
+        out = []
+        for s in steps_s:
+            tpot = keep * tpot + rest * s
+            out.append(tpot)
+        return out
+
     def residual_tokens(
         self, agent: str, kind: str, generated: int, key: tuple[str, str] | None = None
     ) -> float:
@@ -149,6 +167,33 @@ class ServiceEstimator:
                 full = self._full_memo[(agent, kind)] = self._residual(agent, kind, 0)
             return full
         return self._residual(agent, kind, generated)
+
+    def residual_tokens_range(
+        self, agent: str, kind: str, generated: int, steps: int, key: tuple[str, str] | None = None
+    ) -> tuple[float, float]:
+        """(min, max) of `residual_tokens` over `generated .. generated + steps`, with the
+        distributions as they are now (they change only with a finish).
+
+        Exact, not an estimate: between two output lengths seen (and the prior), the residual
+        `E[X - g | X > g]` falls by one token per token generated; where g passes one, that
+        length leaves the conditioning set and the residual jumps; with nothing left above g
+        it is `max(1, g / 10)`, rising. Each piece is monotone, so the extremes are at the
+        pieces' ends: g, g + steps, and each length passed (and the one before it).
+        """
+        last = generated + steps
+        points = {generated, last}
+        d = self._dists.get((agent, kind))
+        if d is not None and not (self._true is not None and key is not None):
+            passed = d.values_in(generated, last)
+            if generated < self._prior <= last:
+                passed.append(self._prior)
+            for x in passed:
+                b = math.ceil(x)  # the first g at which x no longer counts (x > g fails)
+                points.update((b, b - 1))
+        values = [
+            self.residual_tokens(agent, kind, g, key) for g in points if generated <= g <= last
+        ]
+        return min(values), max(values)
 
     def _residual(self, agent: str, kind: str, generated: int) -> float:
         d = self._dists.get((agent, kind))

@@ -89,6 +89,25 @@ class QueuePass:
             return sorted(waiting, key=lambda r: self._hrrn_key(r, processed))
         return sorted(waiting, key=lambda r: (r.rid in self.demoted, self._work(r), r.enqueue_seq))
 
+    def replayable(self, waiting: int) -> bool:
+        """Whether a pass over an unchanged queue only repeats itself: it reorders nothing
+        and draws nothing (the cache-agnostic `fcfs` pass: its touches, every 32nd call, are
+        the only effect, `runners.sim.standing` replays them)."""
+        return self.active(waiting) == "fcfs"
+
+    def refresh_due(self, waiting: int) -> bool:
+        """Whether the next pass over `waiting` requests touches their prefixes."""
+        return (
+            waiting > 0
+            and self.eviction == "lru"
+            and self._refresh_calls % PREFIX_REFRESH_INTERVAL == 0
+        )
+
+    def skip(self, waiting: int) -> None:
+        """Count a pass whose touches, if any, would change nothing (its call counter)."""
+        if waiting and self.eviction == "lru":
+            self._refresh_calls += 1
+
     def _touch(self, waiting: list[SimRequest], match: Matcher, active: str) -> None:
         if not waiting or self.eviction != "lru":
             return

@@ -33,6 +33,7 @@ from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
 from topas_bench.schedulers.topas.search import AgentInfo, search
+from topas_bench.schedulers.topas.standing import Certificate, Pool
 
 
 class Topas(Policy):
@@ -59,7 +60,8 @@ class Topas(Policy):
             return Decision()
         horizon = self._horizon(view)
         prefixes = {p.agent: p for p in view.prefixes()}
-        ranked, agent_gain = self._candidates(view, horizon, prefixes)
+        pool = self._candidates(view, horizon, prefixes)
+        ranked = pool.ranked
         locked = frozenset(
             a for a, p in prefixes.items() if p.where == PrefixLocation.GPU and p.locks > 0
         )
@@ -83,7 +85,7 @@ class Topas(Policy):
         )
         agents = self._agents(view, prefixes, ranked)
         choice = search(
-            inputs, agents, locked | kept, agent_gain,
+            inputs, agents, locked | kept, pool.agent_gain,
             beta=self.p.beta if self.p.use_reuse else 0.0, joint=self.p.joint,
             top=self.p.max_agents, must_admit=not view.running,
         )  # fmt: skip
@@ -101,10 +103,16 @@ class Topas(Policy):
         self._forget(view)
         keep = choice.keep | frozenset(a for a in locked if agents[a].next_users > 0)
         keep = keep if self.p.use_reuse or self.p.joint else frozenset()
+        stands = None
+        if not pack.admits and not pack.preempts and view.running and not pool.stale_left:
+            stands = Certificate(
+                view, self.p, pool, inputs, agents, choice.visited, self._credit
+            ).standing()
         return Decision(
             admit=[c.req for c in pack.admits],
             preempt=[v.req for v in pack.preempts],
             keep_prefixes=frozenset(a for a in keep if a in prefixes),
+            stands=stands,
         )
 
     # -- progress: weights and candidates ---------------------------------------------------
@@ -125,10 +133,11 @@ class Topas(Policy):
 
     def _candidates(
         self, view: EngineView, horizon: float, prefixes: dict[str, PrefixView]
-    ) -> tuple[list[Candidate], dict[str, float]]:
+    ) -> Pool:
         """Waiting requests worth packing (the best `scan` by gain, and every starving one),
-        starving first (oldest first), then by gain; and each agent's total waiting gain."""
-        paths = self._paths(view, horizon)
+        starving first (oldest first), then by gain; each agent's total waiting gain; and what
+        the standing certificate needs of every waiting request."""
+        paths, stale_left = self._paths(view, horizon)
         for tid, p in paths.items():
             if tid not in self._unloaded:
                 self._unloaded[tid] = p.service_s
@@ -162,8 +171,11 @@ class Topas(Policy):
         }
         density = self.p.density
         need, lock = view.admission_need, view.lock_cost
+        shares: list[float] = []
         for r in view.waiting:
-            gain = weight[r.task_id] * paths[r.task_id].delta_share[r.stage_id]
+            share = paths[r.task_id].delta_share[r.stage_id]
+            shares.append(share)
+            gain = weight[r.task_id] * share
             gains[r.rid] = gain
             agent_gain[r.agent] = agent_gain.get(r.agent, 0.0) + gain
             if now - r.ready_s > limit:
@@ -189,18 +201,23 @@ class Topas(Policy):
                 pv.tokens if pv is not None and resident and not pv.locks and not pv.kept else 0
             )
             known = costs.get(r.rid)
+            if known is None:
+                known = costs[r.rid] = need(r) + lock(r)
             out.append(Candidate(
-                req=r, agent=r.agent, gain=gains[r.rid],
-                cost=need(r) + lock(r) if known is None else known, prefix=unlocked,
+                req=r, agent=r.agent, gain=gains[r.rid], cost=known, prefix=unlocked,
                 absent=pv is not None and not resident, service_s=est.residual_service_s(r),
                 urgent=is_urgent,
             ))  # fmt: skip
-        return out, agent_gain
+        return Pool(
+            out, agent_gain, paths, shares, costs, unpaid, {r.rid for r in urgent}, stale_left,
+            h_age if self.p.use_aging else 0.0, limit,
+        )  # fmt: skip
 
-    def _paths(self, view: EngineView, horizon: float) -> dict[str, TaskPath]:
+    def _paths(self, view: EngineView, horizon: float) -> tuple[dict[str, TaskPath], bool]:
         """Each waiting task's `TaskPath`, memoised per task: a task whose state changed is
         recomputed; one whose only change is that the estimator learned since is refreshed
-        lazily, at most `refresh_limit` per decision, stalest first."""
+        lazily, at most `refresh_limit` per decision, stalest first. Also whether some stale
+        ones are left for later decisions (which then differ from this one)."""
         est_version = view.estimator.version
         tasks = view.tasks
         memo = self._path_memo
@@ -222,7 +239,7 @@ class Topas(Policy):
             stale.sort()
         for _, tid in stale[: self.p.refresh_limit]:
             out[tid] = self._compute_path(view, tid, horizon)
-        return out
+        return out, len(stale) > self.p.refresh_limit
 
     def _compute_path(self, view: EngineView, tid: str, horizon: float) -> TaskPath:
         task = view.tasks[tid]

@@ -26,7 +26,7 @@ The best score wins; ties go to the smaller change.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topas_bench.schedulers.topas.pack import Pack, PackInputs, greedy_pack
 
@@ -47,6 +47,8 @@ class Choice:
     keep: frozenset[str]
     pack: Pack
     score: float
+    #: Every resident set the search scored, in order (set on the search's answer).
+    visited: tuple[frozenset[str], ...] = ()
 
 
 def score_set(
@@ -142,7 +144,7 @@ def search(
         # none is in a set yet): the same pack, unrestricted, with every pin released.
         loose = score_set(inp, agents, frozenset(), beta, joint=False)
         best = loose if loose.pack.admits else best
-    return best
+    return replace(best, visited=tuple(seen))
 
 
 def _pick(

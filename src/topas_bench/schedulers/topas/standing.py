@@ -1,0 +1,377 @@
+"""How long an empty TOPAS decision stands (`base.Standing`), proved term by term.
+
+TOPAS is asked at every iteration while requests wait (`acts_while_full`), and almost every
+answer admits and preempts nothing and repeats the one before. Between two events (an arrival,
+a finish, a release, an estimator update) the discrete state is fixed; what drifts, one decode
+step at a time, is:
+
+- time: the aging g_i of every waiting task grows; requests cross the starvation limit;
+- the running requests' generated tokens: their expected residual output (through it the
+  horizon H, and a victim's frees) falls one token per step between the output lengths seen,
+  and jumps where it passes one (`ServiceEstimator.residual_tokens_range`: its exact range);
+- the step-time estimate tpot (a moving average of the step times): H, a victim's redo cost;
+- the admission budget `free + evictable - reserved`: decode takes a token per running
+  request per step, the reservation shrinks as they generate and as `new_token_ratio` decays.
+
+An empty decision stays the same empty decision with the same resident set while:
+1. nothing fits: every candidate that may be scanned costs at least the budget of every
+   scored set that would pack it: an upper bound on the budget;
+2. no preemption pays: for each such candidate, its largest gain over the window minus the
+   least its victims could cost (a fractional cover, at their cheapest keep values, of the
+   memory it needs; or no cover at all) stays within the margin;
+3. the scored sets' scores do not move: with every pack empty a score moves only with the
+   swap-out its memory excess forces, a step function of the budget: a budget range;
+4. the search scores the same sets in the same order: the order of the top agents by waiting
+   gain holds (all gains share the factor H, so they are compared without it);
+5. no request crosses the starvation limit (`until_s`), and no path refresh is pending (the
+   policy checks that before asking here).
+
+Each drifting input gets a range over the window: time up to `until_s`, tpot a band around
+its value, the budget the range of 1 and 3 (the engine checks these three at every step), the
+generated tokens the window's length in steps. Every quantity the decision compares is then
+bounded from those ranges by monotonicity (aging in time; the SRPT-weighted gain in H, a
+ratio of lengths linear in H; redo cost in tpot and generated tokens), with a relative slack
+of `EPS` for rounding. The window is the longest of `LADDER` whose certificate holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from topas_bench.schedulers.base import EngineView, Standing
+from topas_bench.schedulers.topas.pack import Candidate, PackInputs, pin_delta
+from topas_bench.schedulers.topas.params import TopasParams
+from topas_bench.schedulers.topas.paths import TaskPath
+from topas_bench.schedulers.topas.search import AgentInfo
+
+#: Relative half-width of the step-time band a standing decision assumes.
+TPOT_BAND = 0.1
+#: Windows tried, in decode steps, shortest first: the longest that passes stands.
+LADDER = (1, 4, 16, 64, 256)
+#: Relative slack for rounding: a comparison closer than this is taken as able to flip.
+EPS = 1e-9
+#: A window's time limit, in step-time estimates per step (the engine also stops at `steps`).
+TIME_PER_STEP = 2.0
+
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(slots=True)
+class Pool:
+    """What `Topas._candidates` computed, kept for the certificate."""
+
+    ranked: list[Candidate]
+    agent_gain: dict[str, float]
+    paths: dict[str, TaskPath]
+    shares: list[float]  # delta / horizon of each waiting request, in `view.waiting` order
+    costs: dict[int, int]  # rid -> admission need + lock cost (where computed)
+    unpaid: dict[str, int]  # agent -> prefix tokens a request of it would pay
+    urgent: set[int]  # rids past the starvation limit
+    stale_left: bool  # paths still stale after this decision's refreshes
+    h_age: float  # aging's time scale; 0: no aging
+    limit: float  # starvation limit, seconds waited
+
+
+class Certificate:
+    """The proof that an empty decision stands, for as many steps as it can be made."""
+
+    def __init__(
+        self,
+        view: EngineView,
+        p: TopasParams,
+        pool: Pool,
+        inp: PackInputs,
+        agents: Mapping[str, AgentInfo],
+        visited: Sequence[frozenset[str]],
+        credit: Mapping[int, float],
+    ) -> None:
+        self.view = view
+        self.p = p
+        self.pool = pool
+        self.inp = inp
+        self.agents = agents
+        self.visited = visited
+        self.credit = credit
+        est = view.estimator
+        self.tpot = est.tpot_s
+        self.tpot_lo = self.tpot * (1.0 - TPOT_BAND)
+        self.tpot_hi = self.tpot * (1.0 + TPOT_BAND)
+        self.now = view.now_s
+        self.budget0 = inp.budget
+        self.running = list(view.running)
+        self._rt_lo = [math.inf] * len(self.running)
+        self._rt_hi = [-math.inf] * len(self.running)
+        self._rt_steps = -1
+
+    # -- the window ----------------------------------------------------------------------
+    def standing(self) -> Standing | None:
+        """The longest window of `LADDER` the decision provably stands for, or None."""
+        if not self.visited or not self.running:
+            return None
+        if not self._prepare():
+            return None
+        best = None
+        for steps in LADDER:
+            found = self._window(steps)
+            if found is None:
+                break
+            best = found
+        return best
+
+    def _prepare(self) -> bool:
+        """What does not depend on the window's length; False if nothing can stand."""
+        view, pool, p = self.view, self.pool, self.p
+        waiting = view.waiting
+        self.until_starve = math.inf
+        if pool.limit < math.inf:
+            ready = [r.ready_s for r in waiting if r.rid not in pool.urgent]
+            ready += [  # running requests that may still be preempted
+                r.ready_s for r in self.running
+                if self.now - r.ready_s <= pool.limit and r.preemptions < p.max_preemptions
+            ]  # fmt: skip
+            if ready:
+                self.until_starve = min(ready) + pool.limit
+                self.until_starve -= EPS * max(1.0, abs(self.until_starve))
+        if self.until_starve <= self.now:
+            return False
+        tids = list(pool.paths)
+        index = {t: i for i, t in enumerate(tids)}
+        self.service = np.array([pool.paths[t].service_s for t in tids])
+        self.hops = np.array([float(pool.paths[t].hops) for t in tids])
+        self.arrival = np.array([view.tasks[t].arrival_s for t in tids])
+        names = sorted({r.agent for r in waiting} | set(self.agents))
+        self.agent_ix = {a: i for i, a in enumerate(names)}
+        self.task_of = np.array([index[r.task_id] for r in waiting], dtype=np.int64)
+        self.agent_of = np.array([self.agent_ix[r.agent] for r in waiting], dtype=np.int64)
+        self.share = np.array(pool.shares)
+        costs = pool.costs
+        need, lock = view.admission_need, view.lock_cost
+        self.cost = np.array(
+            [costs[r.rid] if r.rid in costs else need(r) + lock(r) for r in waiting], dtype=float
+        )
+        self.urgent = np.array([r.rid in pool.urgent for r in waiting], dtype=bool)
+        unpaid = pool.unpaid
+        self.denom = np.maximum(self.cost + [unpaid.get(r.agent, 0) for r in waiting], 1.0)
+        return self._prepare_sets() and self._prepare_victims()
+
+    def _prepare_sets(self) -> bool:
+        """Per agent, the least `delta_S - prefix discount` over the scored sets that would
+        pack its requests (1: a request fits when `cost + that < budget`), and the budget
+        range over which no scored set's swap-out changes (3)."""
+        inp, agents = self.inp, self.agents
+        prefixes = {a for a in agents if agents[a].tokens > 0}
+        discount = inp.prefix_tokens  # a candidate's prefix part: resident, unlocked, unkept
+        n = len(self.agent_ix)
+        m_allowed = np.full(n, math.inf)
+        m_all = np.full(n, math.inf)
+        lo, hi = -math.inf, math.inf
+        for keep in self.visited:
+            delta = pin_delta(inp, keep)
+            paid = keep | inp.locked_agents | inp.kept_unlocked.keys()
+            allowed = keep | inp.locked_agents
+            for a, i in self.agent_ix.items():
+                m = delta - (discount.get(a, 0) if a in paid else 0)
+                m_all[i] = min(m_all[i], m)
+                if not self.p.joint or a in allowed or a not in prefixes:
+                    m_allowed[i] = min(m_allowed[i], m)
+            s_lo, s_hi = self._swap_bucket(keep, delta)
+            lo, hi = max(lo, s_lo), min(hi, s_hi)
+        self.m_allowed, self.m_all = m_allowed, m_all
+        self.swap_lo, self.swap_hi = lo, hi
+        return lo < hi
+
+    def _swap_bucket(self, keep: frozenset[str], delta: int) -> tuple[float, float]:
+        """The budgets over which `score_set`'s swap-out for `keep`, with nothing packed,
+        evicts the same prefixes as at this decision's budget."""
+        inp, agents = self.inp, self.agents
+        unkept = {a: t for a, t in inp.prefix_tokens.items() if a not in keep}
+        out = sorted(
+            (a for a in unkept if a in agents),
+            key=lambda a: (agents[a].next_users * agents[a].reload_s, a),
+        )
+        if not out:
+            return -math.inf, math.inf
+        total = sum(unkept.values())
+        excess = float(delta) - (self.budget0 - total)
+        evicted = 0
+        for a in out:
+            if excess <= 0:
+                break
+            excess -= unkept[a]
+            evicted += 1
+        # evicting the first `evicted` needs excess(B) = delta + total - B to stay positive
+        # after the first `evicted - 1`, and to end at or below zero after `evicted`
+        tokens = [unkept[a] for a in out]
+        lo, hi = -math.inf, math.inf
+        if evicted >= 1:
+            hi = delta + total - sum(tokens[: evicted - 1])
+        if evicted < len(out):
+            lo = delta + total - sum(tokens[:evicted])
+        return lo, hi
+
+    def _prepare_victims(self) -> bool:
+        """The eligible victims' cheapest keep values (tpot at its low end, generated tokens
+        as now: redo grows with both) and what their frees need from the window."""
+        est = self.view.estimator
+        where = {r.rid: i for i, r in enumerate(self.running)}
+        self.victims: list[tuple[int, float, int]] = []  # (running index, keep_lo, frees base)
+        for v in self.inp.victims:
+            r = v.req
+            g = r.generated
+            prefill_credit = est.prefill_s(r.prompt_tokens) + self.credit.get(r.rid, 0.0)
+            keep_lo = (self.tpot_lo * g + prefill_credit) * (1.0 - EPS)
+            residual = est.residual_tokens(r.agent, r.kind, g, (r.task_id, r.stage_id))
+            base = v.frees - int(residual) - g  # prompt - shared
+            self.victims.append((where[r.rid], keep_lo, base))
+        return True
+
+    # -- one window ------------------------------------------------------------------------
+    def _window(self, steps: int) -> Standing | None:
+        """The standing for `steps` decode steps, if the certificate holds over them."""
+        self._extend_residuals(steps)
+        until = min(self.until_starve, self.now + TIME_PER_STEP * steps * self.tpot_hi)
+        h_lo, h_hi = self._horizon_range()
+        u_lo, u_hi = self._weight_range(h_lo, h_hi, until)
+        n_lo = u_lo[self.task_of] * self.share  # gains / H
+        n_hi = u_hi[self.task_of] * self.share
+        if not self._order_holds(u_lo, u_hi):
+            return None
+        considered = self._considered(n_lo, n_hi)
+        m = np.where(self.urgent[considered], self.m_all[self.agent_of[considered]],
+                     self.m_allowed[self.agent_of[considered]])  # fmt: skip
+        cost = self.cost[considered]
+        fits_at = cost + m  # a candidate fits once the budget exceeds this
+        budget_hi = min(self.swap_hi, float(fits_at.min(initial=math.inf)))
+        budget_lo = self.swap_lo
+        margin = 1e-6
+        if not budget_lo + margin <= self.budget0 <= budget_hi - margin:
+            return None
+        gain_hi = n_hi[considered] * (h_hi * (1.0 + EPS))
+        if not self._no_preemption(fits_at - budget_hi, gain_hi, steps):
+            return None
+        return Standing(
+            steps=steps, until_s=until, tpot_lo_s=self.tpot_lo, tpot_hi_s=self.tpot_hi,
+            budget_lo=budget_lo, budget_hi=budget_hi,
+        )  # fmt: skip
+
+    def _extend_residuals(self, steps: int) -> None:
+        """Each running request's residual output range over generated .. generated + steps
+        (extending the last window's)."""
+        est = self.view.estimator
+        start = self._rt_steps
+        for i, r in enumerate(self.running):
+            g = r.generated + max(start, 0)
+            lo, hi = est.residual_tokens_range(
+                r.agent, r.kind, g, steps - max(start, 0), (r.task_id, r.stage_id)
+            )
+            self._rt_lo[i] = min(self._rt_lo[i], lo)
+            self._rt_hi[i] = max(self._rt_hi[i], hi)
+        self._rt_steps = steps
+
+    def _horizon_range(self) -> tuple[float, float]:
+        """`Topas._horizon` over the window: mean residual service of the running requests,
+        at least one step."""
+        if self.p.horizon_s is not None:
+            return self.p.horizon_s, self.p.horizon_s
+        n = len(self.running)
+        lo = max(sum(self._rt_lo) / n * self.tpot_lo, self.tpot_lo)
+        hi = max(sum(self._rt_hi) / n * self.tpot_hi, self.tpot_hi)
+        return lo * (1.0 - EPS), hi * (1.0 + EPS)
+
+    def _weight_range(self, h_lo: float, h_hi: float, until: float) -> tuple[F64, F64]:
+        """Each task's weight over H (aging x SRPT factor), low and high, over the window:
+        aging rises with time; the SRPT factor (mean L / L_i) ** alpha is monotone in H (a
+        ratio of two functions linear in H), so its extremes are at H's ends."""
+        alpha = self.p.srpt_exponent
+        g_lo = np.ones_like(self.service)
+        g_hi = np.ones_like(self.service)
+        if self.pool.h_age > 0:
+            rho, h_age = self.p.rho, self.pool.h_age
+            g_lo = 1.0 + rho * np.log1p(np.maximum(self.now - self.arrival, 0.0) / h_age)
+            g_hi = 1.0 + rho * np.log1p(np.maximum(until - self.arrival, 0.0) / h_age)
+        if alpha:
+            ends = []
+            for h in (h_lo, h_hi):
+                length = self.service + self.hops * h
+                ratio = np.where(length > 0, length.mean() / np.where(length > 0, length, 1.0), 1.0)
+                ends.append(ratio)
+            r_lo = np.minimum(ends[0], ends[1]) ** alpha
+            r_hi = np.maximum(ends[0], ends[1]) ** alpha
+            g_lo, g_hi = g_lo * r_lo, g_hi * r_hi
+        return g_lo * (1.0 - EPS), g_hi * (1.0 + EPS)
+
+    def _order_holds(self, u_lo: F64, u_hi: F64) -> bool:
+        """4: the search's agent order (by waiting gain, then name) holds through its top
+        `max_agents` and the first one past them. For two neighbours x before y, the gain
+        difference `sum_t w_t (s_xt - s_yt)` (w_t: task t's weight, s_at: the shares of a's
+        requests in task t) stays positive with each w_t anywhere in its range; two agents
+        whose requests are the same tasks with the same shares, in the same queue order, have
+        the same gain to the last bit, and keep their order by name."""
+        inp, gain = self.inp, self.pool.agent_gain
+        order = sorted(
+            (a for a in self.agents if a not in inp.locked_agents and a not in inp.open_agents),
+            key=lambda a: (-gain.get(a, 0.0), a),
+        )
+        tasks = len(u_lo)
+        for x, y in itertools.pairwise(order[: self.p.max_agents + 1]):
+            sx, sy = self._terms(x), self._terms(y)
+            if sx[0].tolist() == sy[0].tolist() and sx[1].tolist() == sy[1].tolist():
+                continue  # the same sums in the same order: tied for good, ordered by name
+            d = np.bincount(sx[0], weights=sx[1], minlength=tasks)
+            d -= np.bincount(sy[0], weights=sy[1], minlength=tasks)
+            low = float(np.where(d > 0, d * u_lo, d * u_hi).sum())
+            scale = float(np.abs(d).dot(u_hi)) + float(sx[1].sum() + sy[1].sum()) * u_hi.max()
+            if not low > EPS * scale:
+                return False
+        return True
+
+    def _terms(self, agent: str) -> tuple[npt.NDArray[np.int64], F64]:
+        """The tasks and shares of `agent`'s waiting requests, in queue order."""
+        mine = self.agent_of == self.agent_ix[agent]
+        return self.task_of[mine], self.share[mine]
+
+    def _considered(self, n_lo: F64, n_hi: F64) -> npt.NDArray[np.intp]:
+        """Indices of the waiting requests that may be walked by a pack in the window: every
+        starving one, and those whose ranking key may reach the scan's top `scan`."""
+        key_lo, key_hi = n_lo, n_hi
+        if self.p.density:
+            key_lo, key_hi = n_lo / self.denom, n_hi / self.denom
+        calm = ~self.urgent
+        scan = self.inp.scan
+        keep = self.urgent.copy()
+        if int(calm.sum()) <= scan:
+            keep |= calm
+        else:
+            threshold = np.partition(key_lo[calm], -scan)[-scan]
+            keep |= calm & (key_hi * (1.0 + EPS) >= threshold * (1.0 - EPS))
+        return np.flatnonzero(keep)
+
+    def _no_preemption(self, need_lo: F64, gain_hi: F64, steps: int) -> bool:
+        """2: no candidate's preemption can pay. `need_lo`: the least memory each must free
+        (its cost less the largest budget of the window's range)."""
+        if not self.victims:
+            return True
+        keep_lo = np.array([k for _, k, _ in self.victims])
+        frees_hi = np.array(
+            [base + self.running[i].generated + steps + int(self._rt_hi[i])
+             for i, _, base in self.victims],
+            dtype=float,
+        )  # fmt: skip
+        room = frees_hi > 0
+        rate = np.where(room, keep_lo / np.where(room, frees_hi, 1.0), math.inf)
+        order = np.argsort(rate, kind="stable")
+        order = order[room[order]]
+        cum_frees = np.concatenate(([0.0], np.cumsum(frees_hi[order])))
+        cum_keep = np.concatenate(([0.0], np.cumsum(keep_lo[order])))
+        total = cum_frees[-1]
+        value_lo = np.maximum(np.interp(need_lo, cum_frees, cum_keep), keep_lo.min())
+        margin = self.p.preempt_margin_s
+        slack = EPS * (1.0 + np.abs(gain_hi) + np.abs(value_lo) + abs(margin))
+        possible = need_lo < total  # else every victim together cannot make room
+        return not bool(np.any(possible & (gain_hi - value_lo > margin - slack)))
