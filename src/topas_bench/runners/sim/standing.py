@@ -14,9 +14,10 @@ simulator runs them in closed form, like a baseline's decode run, up to the firs
   running request per step, the reservation at the decayed `new_token_ratio`).
 
 It is used only where repeating the attempt has no effect of its own to lose: no chunked
-prefill in flight, a queue pass that reorders nothing (`QueuePass.replayable`), kept prefixes
-that the attempt cannot newly pin (each is pinned already, or not wholly on the GPU, which a
-run without eviction cannot change). What the covered attempts did to the tree is replayed
+prefill in flight, a queue pass that reorders nothing (`QueuePass.replayable`), and kept
+prefixes that the attempt does not newly pin: each is pinned already, or not wholly on the GPU
+(which a run without eviction cannot change), or dearer than the admission budget, which is
+then checked at each covered attempt too. What the covered attempts did to the tree is replayed
 when the run ends (`replay`): their prefix matches only refresh LRU stamps, so an attempt that
 repeats the one before changes nothing, except where the one before split a node or a pass
 touched the queue's prefixes (every 32nd).
@@ -24,13 +25,14 @@ touched the queue's prefixes (every 32nd).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from topas_bench.schedulers.base import Decision, Standing
+from topas_bench.schedulers.base import BUDGET_MARGIN, Decision, Standing
 from topas_bench.workloads.model import agent_key
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ class Stand:
     stands: Standing
     head: SimRequest  # the waiting queue's head, which every attempt matches first
     marker: Marker  # the state the policy decided on
+    pin_at: float  # an attempt pins a kept, resident, unpinned prefix once the budget is this
 
 
 Marker = tuple[int, int, frozenset[str], frozenset[int], int, int]
@@ -77,13 +80,17 @@ def offer(sim: Simulator, decision: Decision, decided: Marker | None) -> Stand |
         or not sim.queue_pass.replayable(len(sim.waiting))
     ):
         return None
+    pin_at = math.inf
     for agent in decision.keep_prefixes or ():
         tokens = sim.prefix_tokens.get(agent, 0)
         if agent in sim.pins or not tokens:
             continue
         if sim.cache.probe([(agent_key(agent), 0, tokens)])[0] >= tokens:
-            return None  # the next attempt may pin it, as room changes
-    return Stand(decision, stands, sim.waiting[0], decided)
+            # kept but not pinned for lack of room (`Simulator._keep`: the room is the
+            # admission budget; an agent a running request uses costs nothing)
+            in_use = any(r.agent == agent for r in sim.running)
+            pin_at = min(pin_at, 0 if in_use else tokens)
+    return Stand(decision, stands, sim.waiting[0], decided, pin_at)
 
 
 def run_steps(
@@ -112,8 +119,10 @@ def run_steps(
     free = sim.free_tokens + sim.cache.evictable_tokens
     budget = free - len(running) * steps[:, 0] - reserved
     tpots = sim.estimator.tpot_path(durs[: k - 1].tolist())
+    pin_at = stand.pin_at - BUDGET_MARGIN
     for j in range(1, k):
-        if not s.holds(j, float(ends[j - 1]), tpots[j - 1], float(budget[j - 1])):
+        b = float(budget[j - 1])
+        if b >= pin_at or not s.holds(j, float(ends[j - 1]), tpots[j - 1], b):
             return j
     return k
 

@@ -49,6 +49,9 @@ class Topas(Policy):
         self._path_memo: dict[str, tuple[int, int, TaskPath]] = {}
         self._unloaded: dict[str, float] = {}  # task id -> its critical path when first seen
         self._unloaded_sum = 0.0
+        #: How each decision ended: acting, idle, standing (by window), or why it could not
+        #: stand (`standing.Certificate.failed`): diagnostics for benchmarks.
+        self.standings: Counter[str] = Counter()
 
     @property
     def params(self) -> dict[str, Any]:
@@ -104,10 +107,14 @@ class Topas(Policy):
         keep = choice.keep | frozenset(a for a in locked if agents[a].next_users > 0)
         keep = keep if self.p.use_reuse or self.p.joint else frozenset()
         stands = None
-        if not pack.admits and not pack.preempts and view.running and not pool.stale_left:
-            stands = Certificate(
-                view, self.p, pool, inputs, agents, choice.visited, self._credit
-            ).standing()
+        if pack.admits or pack.preempts or not view.running:
+            self.standings["acts" if view.running else "idle"] += 1
+        elif pool.stale_left:
+            self.standings["paths stale"] += 1
+        else:
+            cert = Certificate(view, self.p, pool, inputs, agents, choice.visited, self._credit)
+            stands = cert.standing()
+            self.standings[f"stands {stands.steps}" if stands else cert.failed] += 1
         return Decision(
             admit=[c.req for c in pack.admits],
             preempt=[v.req for v in pack.preempts],

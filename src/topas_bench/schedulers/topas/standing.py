@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,12 +50,15 @@ from topas_bench.schedulers.topas.params import TopasParams
 from topas_bench.schedulers.topas.paths import TaskPath
 from topas_bench.schedulers.topas.search import AgentInfo
 
-#: Relative half-width of the step-time band a standing decision assumes.
-TPOT_BAND = 0.1
+#: Relative half-widths of the step-time band a standing decision assumes, widest first: the
+#: widest that stands one step is kept (the estimate drifts slowly between batch changes).
+TPOT_BANDS = (0.1, 0.03, 0.01, 0.003)
 #: Windows tried, in decode steps, shortest first: the longest that passes stands.
 LADDER = (1, 4, 16, 64, 256)
 #: Relative slack for rounding: a comparison closer than this is taken as able to flip.
 EPS = 1e-9
+#: Bisections of the budget ceiling that keeps preemptions from paying.
+PREEMPT_BISECTIONS = 8
 #: A window's time limit, in step-time estimates per step (the engine also stops at `steps`).
 TIME_PER_STEP = 2.0
 
@@ -100,14 +103,15 @@ class Certificate:
         self.credit = credit
         est = view.estimator
         self.tpot = est.tpot_s
-        self.tpot_lo = self.tpot * (1.0 - TPOT_BAND)
-        self.tpot_hi = self.tpot * (1.0 + TPOT_BAND)
+        self.tpot_lo = self.tpot_hi = self.tpot
         self.now = view.now_s
         self.budget0 = inp.budget
         self.running = list(view.running)
         self._rt_lo = [math.inf] * len(self.running)
         self._rt_hi = [-math.inf] * len(self.running)
         self._rt_steps = -1
+        #: Why the last window tried did not stand (diagnostics: `benchmarks/bench_sim.py`).
+        self.failed = ""
 
     # -- the window ----------------------------------------------------------------------
     def standing(self) -> Standing | None:
@@ -115,9 +119,16 @@ class Certificate:
         if not self.visited or not self.running:
             return None
         if not self._prepare():
+            self.failed = self.failed or "starvation"
             return None
-        best = None
-        for steps in LADDER:
+        for band in TPOT_BANDS:
+            self.tpot_lo, self.tpot_hi = self.tpot * (1.0 - band), self.tpot * (1.0 + band)
+            best = self._window(LADDER[0])
+            if best is not None:
+                break
+        else:
+            return None
+        for steps in LADDER[1:]:
             found = self._window(steps)
             if found is None:
                 break
@@ -184,6 +195,7 @@ class Certificate:
             lo, hi = max(lo, s_lo), min(hi, s_hi)
         self.m_allowed, self.m_all = m_allowed, m_all
         self.swap_lo, self.swap_hi = lo, hi
+        self.failed = "" if lo < hi else "swap-out"
         return lo < hi
 
     def _swap_bucket(self, keep: frozenset[str], delta: int) -> tuple[float, float]:
@@ -220,15 +232,15 @@ class Certificate:
         as now: redo grows with both) and what their frees need from the window."""
         est = self.view.estimator
         where = {r.rid: i for i, r in enumerate(self.running)}
-        self.victims: list[tuple[int, float, int]] = []  # (running index, keep_lo, frees base)
+        #: (running index, generated, prefill + credit, frees less generated and residual)
+        self.victims: list[tuple[int, int, float, int]] = []
         for v in self.inp.victims:
             r = v.req
             g = r.generated
             prefill_credit = est.prefill_s(r.prompt_tokens) + self.credit.get(r.rid, 0.0)
-            keep_lo = (self.tpot_lo * g + prefill_credit) * (1.0 - EPS)
             residual = est.residual_tokens(r.agent, r.kind, g, (r.task_id, r.stage_id))
             base = v.frees - int(residual) - g  # prompt - shared
-            self.victims.append((where[r.rid], keep_lo, base))
+            self.victims.append((where[r.rid], g, prefill_credit, base))
         return True
 
     # -- one window ------------------------------------------------------------------------
@@ -241,6 +253,7 @@ class Certificate:
         n_lo = u_lo[self.task_of] * self.share  # gains / H
         n_hi = u_hi[self.task_of] * self.share
         if not self._order_holds(u_lo, u_hi):
+            self.failed = "agent order"
             return None
         considered = self._considered(n_lo, n_hi)
         m = np.where(self.urgent[considered], self.m_all[self.agent_of[considered]],
@@ -251,10 +264,21 @@ class Certificate:
         budget_lo = self.swap_lo
         margin = 1e-6
         if not budget_lo + margin <= self.budget0 <= budget_hi - margin:
+            self.failed = "fits"
             return None
         gain_hi = n_hi[considered] * (h_hi * (1.0 + EPS))
-        if not self._no_preemption(fits_at - budget_hi, gain_hi, steps):
-            return None
+        pays = self._preemption_test(gain_hi, steps)
+        if pays(fits_at - budget_hi):
+            # a lower ceiling leaves more memory to free, so dearer victims: the highest
+            # ceiling (bisected) at which no preemption can pay
+            low, high = self.budget0 + margin, budget_hi
+            if pays(fits_at - low):
+                self.failed = "preemption"
+                return None
+            for _ in range(PREEMPT_BISECTIONS):
+                mid = 0.5 * (low + high)
+                low, high = (low, mid) if pays(fits_at - mid) else (mid, high)
+            budget_hi = low
         return Standing(
             steps=steps, until_s=until, tpot_lo_s=self.tpot_lo, tpot_hi_s=self.tpot_hi,
             budget_lo=budget_lo, budget_hi=budget_hi,
@@ -352,26 +376,37 @@ class Certificate:
             keep |= calm & (key_hi * (1.0 + EPS) >= threshold * (1.0 - EPS))
         return np.flatnonzero(keep)
 
-    def _no_preemption(self, need_lo: F64, gain_hi: F64, steps: int) -> bool:
-        """2: no candidate's preemption can pay. `need_lo`: the least memory each must free
-        (its cost less the largest budget of the window's range)."""
+    def _preemption_test(self, gain_hi: F64, steps: int) -> Callable[[F64], bool]:
+        """2: whether some candidate's preemption may pay, given `need`, the least memory
+        each would have to free (its cost less the budget ceiling). Its victims must free more
+        than that: at least the p victims with the most frees (at their largest over the
+        window) that together exceed it, so they cost at least the p cheapest keep values (at
+        their least: tpot low, generated tokens as now), and at least the fractional cover of
+        the need at the cheapest keep value per token freed."""
         if not self.victims:
-            return True
-        keep_lo = np.array([k for _, k, _ in self.victims])
+            return lambda need: False
+        keep_lo = np.array([self.tpot_lo * g + c for _, g, c, _ in self.victims]) * (1.0 - EPS)
         frees_hi = np.array(
-            [base + self.running[i].generated + steps + int(self._rt_hi[i])
-             for i, _, base in self.victims],
+            [base + g + steps + int(self._rt_hi[i]) for i, g, _, base in self.victims],
             dtype=float,
-        )  # fmt: skip
+        )
         room = frees_hi > 0
         rate = np.where(room, keep_lo / np.where(room, frees_hi, 1.0), math.inf)
         order = np.argsort(rate, kind="stable")
         order = order[room[order]]
         cum_frees = np.concatenate(([0.0], np.cumsum(frees_hi[order])))
         cum_keep = np.concatenate(([0.0], np.cumsum(keep_lo[order])))
+        most_frees = np.cumsum(np.sort(frees_hi)[::-1])  # the p victims freeing most, p = 1..
+        cheapest = np.cumsum(np.sort(keep_lo))  # the p cheapest keep values
         total = cum_frees[-1]
-        value_lo = np.maximum(np.interp(need_lo, cum_frees, cum_keep), keep_lo.min())
         margin = self.p.preempt_margin_s
-        slack = EPS * (1.0 + np.abs(gain_hi) + np.abs(value_lo) + abs(margin))
-        possible = need_lo < total  # else every victim together cannot make room
-        return not bool(np.any(possible & (gain_hi - value_lo > margin - slack)))
+
+        def pays(need: F64) -> bool:
+            p = np.searchsorted(most_frees, need, side="right")  # victims needed, less one
+            fewest = cheapest[np.minimum(p, len(cheapest) - 1)]
+            value_lo = np.maximum(np.interp(need, cum_frees, cum_keep), fewest)
+            slack = EPS * (1.0 + np.abs(gain_hi) + np.abs(value_lo) + abs(margin))
+            possible = need < total  # else every victim together cannot make room
+            return bool(np.any(possible & (gain_hi - value_lo > margin - slack)))
+
+        return pays

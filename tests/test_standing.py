@@ -1,0 +1,187 @@
+"""Standing decisions (`schedulers.base.Standing`): the fast path changes no result.
+
+The simulator runs closed-form decode across a TOPAS decision while it stands
+(`runners.sim.standing`); `Simulator(stand=False)` asks the policy at every attempt. The two
+must give bit-identical requests, tasks and non-empty decisions on every workload, small
+budgets and a host tier; the check must catch a bound one step too late; and every decision
+a standing claim covers on the step-by-step path must be the claimed one (the certificate,
+`schedulers.topas.standing`, checked directly).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from topas_bench.runners.sim import standing as sim_standing
+from topas_bench.runners.sim.config import SimConfig
+from topas_bench.runners.sim.cost import CostModel, load_preset
+from topas_bench.runners.sim.engine import Simulator
+from topas_bench.runners.sim.records import SimResult
+from topas_bench.schedulers.base import Decision, EngineView, Standing
+from topas_bench.schedulers.estimator import ServiceEstimator
+from topas_bench.schedulers.registry import make_policy
+from topas_bench.workloads.registry import generate, run_defaults
+
+PRESET = load_preset("a100-qwen32b")
+WORKLOADS = ("chain3", "dag4", "dag10-wide", "metagpt-sop", "metagpt-tl")
+#: The smallest budget each workload's largest call allows, rounded up: memory-bound.
+SMALL = {"chain3": 9000, "dag4": 9000, "dag10-wide": 9000, "metagpt-sop": 9000,
+         "metagpt-tl": 12000}  # fmt: skip
+#: Tasks per run: enough for queues, preemptions and admissions held back by memory.
+TASKS = {"chain3": 30, "dag4": 24, "dag10-wide": 16, "metagpt-sop": 24, "metagpt-tl": 14}
+#: Arrival rates, a multiple of each workload's default: queues, so that decisions stand.
+LOAD = 2.0
+#: (seed, KV budget, host tier tokens) of each setting.
+SETTINGS = {"derived": (0, None, 0), "small": (1, "small", 0), "host": (2, "small", 100_000)}
+
+
+def simulate(
+    workload: str, setting: str, *, stand: bool, scheduler: str = "topas", tasks: int = 0
+) -> SimResult:
+    seed, budget, host = SETTINGS[setting]
+    kv = SMALL[workload] if budget == "small" else PRESET.derived_kv_budget_tokens
+    w = sample(workload, tasks or TASKS[workload], seed)
+    cfg = SimConfig(kv_budget_tokens=kv, host_tier_tokens=host)
+    return Simulator(w, make_policy(scheduler), CostModel(PRESET), cfg, stand=stand).run()
+
+
+def sample(workload: str, tasks: int, seed: int) -> Any:
+    rate = run_defaults(workload, {})[1] * LOAD
+    return generate(workload, num_tasks=tasks, rate_per_s=rate, seed=seed)
+
+
+def acted(decisions: pd.DataFrame) -> pd.DataFrame:
+    """The decisions that admit or preempt something (the others are what a stand skips)."""
+    d = decisions[(decisions["admit"] > 0) | (decisions["preempt"] > 0)]
+    return d[["t_s", "waiting", "admit", "preempt"]].reset_index(drop=True)
+
+
+def differences(fast: SimResult, slow: SimResult) -> list[str]:
+    out = [name for name in ("requests", "tasks") if not getattr(fast, name).equals(
+        getattr(slow, name))]  # fmt: skip
+    if not acted(fast.decisions).equals(acted(slow.decisions)):
+        out.append("decisions")
+    if (fast.iterations, fast.preemptions) != (slow.iterations, slow.preemptions):
+        out.append("counters")
+    return out
+
+
+def _case(workload: str, setting: str) -> Any:
+    slow = workload in ("dag10-wide", "metagpt-sop", "metagpt-tl") or setting != "derived"
+    return pytest.param(workload, setting, marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize(
+    ("workload", "setting"), [_case(w, s) for w in WORKLOADS for s in SETTINGS]
+)
+def test_fast_path_is_the_step_by_step_path(workload: str, setting: str) -> None:
+    fast = simulate(workload, setting, stand=True)
+    slow = simulate(workload, setting, stand=False)
+    assert differences(fast, slow) == []
+    assert len(fast.decisions) < len(slow.decisions)  # the fast path did skip attempts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["dag4", "metagpt-tl"])
+def test_fast_path_holds_for_the_no_joint_ablation(workload: str) -> None:
+    fast = simulate(workload, "small", stand=True, scheduler="topas-no-joint")
+    slow = simulate(workload, "small", stand=False, scheduler="topas-no-joint")
+    assert differences(fast, slow) == []
+
+
+def test_a_bound_one_step_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison is sharp: a run that covers one attempt more than the stand allows
+    (where the stand is what ends it) changes the results."""
+    slow = simulate("dag4", "derived", stand=False)
+    right = sim_standing.run_steps
+
+    def late(sim: Any, stand: Any, k: int, durs: Any, ends: Any) -> int:
+        return min(right(sim, stand, k, durs, ends) + 1, k)
+
+    monkeypatch.setattr(sim_standing, "run_steps", late)
+    assert differences(simulate("dag4", "derived", stand=True), slow) != []
+
+
+class Auditor:
+    """Wraps a policy on the step-by-step path: every decision made while an earlier one's
+    standing claim holds (same discrete state, drivers in range) must be that decision."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.decide = sim.policy.decide
+        self.claim: tuple[Decision, tuple[Any, ...], int] | None = None
+        self.covered = 0
+        self.wrong: list[str] = []
+
+    def state(self, view: EngineView) -> tuple[Any, ...]:
+        sim = self.sim
+        return (
+            tuple(r.rid for r in view.waiting), tuple(r.rid for r in view.running),
+            sim.cache.version, sim.cache.evictable_tokens, frozenset(sim.pins),
+            sim.estimator.version,
+        )  # fmt: skip
+
+    def __call__(self, view: EngineView) -> Decision:
+        d = self.decide(view)
+        state = self.state(view)
+        if self.claim is not None and self.claim[1] == state and view.running:
+            first, _, generated = self.claim
+            assert first.stands is not None
+            steps = view.running[0].generated - generated
+            budget = view.free_tokens + view.evictable_tokens - view.reserved_tokens
+            if first.stands.holds(steps, view.now_s, view.estimator.tpot_s, budget):
+                self.covered += 1
+                if d.admit or d.preempt or d.keep_prefixes != first.keep_prefixes:
+                    self.wrong.append(f"t={view.now_s:.3f}: {d} while {first.stands} holds")
+                return d
+        reusable = d.reusable and bool(view.running)
+        self.claim = (d, state, view.running[0].generated) if reusable else None
+        return d
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [pytest.param(w, marks=[pytest.mark.slow] if w != "dag4" else []) for w in WORKLOADS],
+)
+def test_every_claim_holds_on_the_step_by_step_path(workload: str) -> None:
+    seed, _, _ = SETTINGS["small"]
+    w = sample(workload, TASKS[workload], seed)
+    cfg = SimConfig(kv_budget_tokens=SMALL[workload])
+    sim = Simulator(w, make_policy("topas"), CostModel(PRESET), cfg, stand=False)
+    audit = Auditor(sim)
+    sim.policy.decide = audit  # type: ignore[method-assign]
+    sim.run()
+    assert audit.wrong == []
+    assert audit.covered > 0
+
+
+def test_standing_holds_checks_every_bound() -> None:
+    s = Standing(steps=3, until_s=10.0, tpot_lo_s=0.1, tpot_hi_s=0.2, budget_lo=5, budget_hi=9)
+    assert s.holds(3, 9.9, 0.15, 7.0)
+    assert not s.holds(4, 9.9, 0.15, 7.0)
+    assert not s.holds(1, 10.0, 0.15, 7.0)
+    assert not s.holds(1, 1.0, 0.21, 7.0)
+    assert not s.holds(1, 1.0, 0.15, 9.0)  # within a rounding margin of the edge: asks again
+    assert Standing(steps=1).holds(1, 1e9, 5.0, -1e12)  # the defaults bound nothing else
+
+
+class _Cost:
+    def prefill_s(self, items: Any) -> float:
+        return 0.001 * float(sum(n for _, n in items))
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        return 0.02
+
+
+@pytest.mark.parametrize("seen", [[], [100.0, 130.0, 131.0, 400.0, 900.0]])
+@pytest.mark.parametrize(("generated", "steps"), [(0, 1), (0, 300), (120, 20), (129, 3), (950, 64)])
+def test_residual_range_is_the_exact_range(seen: list[float], generated: int, steps: int) -> None:
+    est = ServiceEstimator(_Cost())
+    for x in seen:
+        est.observe("a", "k", int(x))
+    lo, hi = est.residual_tokens_range("a", "k", generated, steps)
+    values = [est.residual_tokens("a", "k", g) for g in range(generated, generated + steps + 1)]
+    assert (lo, hi) == (min(values), max(values))
