@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from topas_bench.schedulers.base import EngineView, Standing
-from topas_bench.schedulers.topas.pack import Candidate, PackInputs, pin_delta
+from topas_bench.schedulers.topas.pack import Candidate, PackInputs, _earliest_fit, pin_delta
 from topas_bench.schedulers.topas.params import TopasParams
 from topas_bench.schedulers.topas.paths import TaskPath
 from topas_bench.schedulers.topas.search import AgentInfo
@@ -172,28 +172,27 @@ class Certificate:
         return self._prepare_sets() and self._prepare_victims()
 
     def _prepare_sets(self) -> bool:
-        """Per agent, the least `delta_S - prefix discount` over the scored sets that would
-        pack its requests (1: a request fits when `cost + that < budget`), and the budget
-        range over which no scored set's swap-out changes (3)."""
+        """Per scored set and agent, `delta_S - prefix discount` (a request fits in the set's
+        pack when `cost + that < budget`) and whether the set's pack walks the agent's
+        requests; and the budget range over which no set's swap-out changes (3)."""
         inp, agents = self.inp, self.agents
         prefixes = {a for a in agents if agents[a].tokens > 0}
         discount = inp.prefix_tokens  # a candidate's prefix part: resident, unlocked, unkept
         n = len(self.agent_ix)
-        m_allowed = np.full(n, math.inf)
-        m_all = np.full(n, math.inf)
+        offsets = np.zeros((len(self.visited), n))
+        walks = np.zeros((len(self.visited), n), dtype=bool)
         lo, hi = -math.inf, math.inf
-        for keep in self.visited:
+        for s, keep in enumerate(self.visited):
             delta = pin_delta(inp, keep)
             paid = keep | inp.locked_agents | inp.kept_unlocked.keys()
             allowed = keep | inp.locked_agents
             for a, i in self.agent_ix.items():
-                m = delta - (discount.get(a, 0) if a in paid else 0)
-                m_all[i] = min(m_all[i], m)
-                if not self.p.joint or a in allowed or a not in prefixes:
-                    m_allowed[i] = min(m_allowed[i], m)
+                offsets[s, i] = delta - (discount.get(a, 0) if a in paid else 0)
+                walks[s, i] = not self.p.joint or a in allowed or a not in prefixes
             s_lo, s_hi = self._swap_bucket(keep, delta)
             lo, hi = max(lo, s_lo), min(hi, s_hi)
-        self.m_allowed, self.m_all = m_allowed, m_all
+        self.deltas = np.array([float(pin_delta(inp, keep)) for keep in self.visited])
+        self.offsets, self.walks = offsets, walks
         self.swap_lo, self.swap_hi = lo, hi
         self.failed = "" if lo < hi else "swap-out"
         return lo < hi
@@ -256,16 +255,23 @@ class Certificate:
             self.failed = "agent order"
             return None
         considered = self._considered(n_lo, n_hi)
-        m = np.where(self.urgent[considered], self.m_all[self.agent_of[considered]],
-                     self.m_allowed[self.agent_of[considered]])  # fmt: skip
-        cost = self.cost[considered]
-        fits_at = cost + m  # a candidate fits once the budget exceeds this
-        budget_hi = min(self.swap_hi, float(fits_at.min(initial=math.inf)))
-        budget_lo = self.swap_lo
+        # per scored set (rows) and considered request (columns): the budget above which it
+        # fits, where the set's pack walks it
+        agent = self.agent_of[considered]
+        walked = self.walks[:, agent] | self.urgent[considered][None, :]
+        fits_at = np.where(walked, self.cost[considered][None, :] + self.offsets[:, agent], np.inf)
         margin = 1e-6
+        budget_lo = self.swap_lo
+        budget_hi = min(self.swap_hi, float(fits_at.min(initial=math.inf)))
+        first = np.ones(len(considered), dtype=bool)  # may be walked first (and preempt)
+        if budget_hi < self.budget0 + margin:
+            # something fits now: it must be one a reservation holds back (backfill)
+            budget_lo = max(budget_lo, self.budget0 - len(self.running) * steps)
+            budget_hi, first = self._held_back(considered, fits_at, budget_lo, n_lo, n_hi, steps)
         if not budget_lo + margin <= self.budget0 <= budget_hi - margin:
             self.failed = "fits"
             return None
+        fits_at = np.where(first, fits_at.min(axis=0), np.inf)
         gain_hi = n_hi[considered] * (h_hi * (1.0 + EPS))
         pays = self._preemption_test(gain_hi, steps)
         if pays(fits_at - budget_hi):
@@ -283,6 +289,88 @@ class Certificate:
             steps=steps, until_s=until, tpot_lo_s=self.tpot_lo, tpot_hi_s=self.tpot_hi,
             budget_lo=budget_lo, budget_hi=budget_hi,
         )  # fmt: skip
+
+    def _held_back(
+        self,
+        considered: npt.NDArray[np.intp],
+        fits_at: F64,
+        budget_lo: float,
+        n_lo: F64,
+        n_hi: F64,
+        steps: int,
+    ) -> tuple[float, npt.NDArray[np.bool_]]:
+        """1 with backfill: the budget ceiling under which each scored set's pack admits
+        nothing, counting requests that fit but that the reservation of the set's first
+        request would refuse (`pack._backfill_ok`) throughout the window.
+
+        The first request a pack walks is the one with the highest ranking key (no starving
+        one may be considered); where that holds over the window and it does not fit, it is
+        reserved, and a later request that fits is refused while, over every budget,
+        release time and free of the window, admitting it would make the reserved one fit
+        later: the earliest fit with it (its memory back only when it ends, everything else
+        as early and as large as it can be) is later than the one without (as late and as
+        small). `budget_lo` must hold throughout: decode lowers the budget by at most one
+        token per running request per step. Also which considered requests a pack may walk
+        first, the only ones that may preempt (a later one finds a reservation made)."""
+        first = np.zeros(len(considered), dtype=bool)
+        if bool(self.urgent[considered].any()):
+            return -math.inf, first  # starving requests go first, whatever their keys
+        key_lo, key_hi = (n_lo, n_hi) if not self.p.density else (
+            n_lo / self.denom, n_hi / self.denom)  # fmt: skip
+        t_lo, t_hi, frees_lo, frees_hi = self._releases(steps)
+        late = sorted(zip(t_hi, frees_lo, strict=True))
+        early = sorted(zip(t_lo, frees_hi, strict=True))
+        ceiling = self.swap_hi
+        for s in range(len(self.visited)):
+            walked = np.flatnonzero(np.isfinite(fits_at[s]))
+            if not len(walked):
+                continue
+            rows = considered[walked]
+            head = int(np.argmax(key_lo[rows]))
+            top, rest = walked[head], np.delete(walked, head)
+            blocked = float(fits_at[s, top])
+            if len(rest) and not key_lo[considered[top]] > key_hi[considered[rest]].max() * (
+                1.0 + EPS
+            ):
+                ceiling = min(ceiling, float(fits_at[s].min()))  # no order: nothing may fit
+                first[walked] = True
+                continue
+            first[top] = True
+            delta = self.deltas[s]
+            need = blocked - delta  # the reserved request's cost in this set's pack
+            without = _earliest_fit(need, budget_lo - delta, late)
+            for c in rest:
+                at = float(fits_at[s, c])
+                if at >= blocked:
+                    continue  # blocked whenever the reserved one is
+                cost = at - delta
+                mine = self._service_lo(int(considered[c]))
+                room = min(blocked, ceiling) - delta - cost
+                with_it = _earliest_fit(need, room, sorted([*early, (mine, cost)]))
+                if not with_it > without * (1.0 + EPS) + EPS:
+                    blocked = at  # it might be admitted: keep the budget where it does not fit
+            ceiling = min(ceiling, blocked)
+        return ceiling, first
+
+    def _releases(self, steps: int) -> tuple[list[float], list[float], list[int], list[int]]:
+        """The victims' release times (their residual service) and frees, least and most,
+        over the window (`pack.PackInputs.victims`, whose releases backfill counts on)."""
+        t_lo, t_hi, f_lo, f_hi = [], [], [], []
+        for i, g, _, base in self.victims:
+            t_lo.append(self._rt_lo[i] * self.tpot_lo * (1.0 - EPS))
+            t_hi.append(self._rt_hi[i] * self.tpot_hi * (1.0 + EPS))
+            f_lo.append(base + g + int(self._rt_lo[i]))
+            f_hi.append(base + g + steps + int(self._rt_hi[i]))
+        return t_lo, t_hi, f_lo, f_hi
+
+    def _service_lo(self, i: int) -> float:
+        """The least expected service of waiting request i over the window (its prefill, and
+        its expected output at the low step time): when admitting it would give memory back."""
+        r = self.view.waiting[i]
+        est = self.view.estimator
+        out = est.residual_tokens(r.agent, r.kind, r.generated, (r.task_id, r.stage_id))
+        prefill = est.prefill_s(max(r.prompt_tokens + r.generated, 1), 0)
+        return (out * self.tpot_lo + prefill) * (1.0 - EPS)
 
     def _extend_residuals(self, steps: int) -> None:
         """Each running request's residual output range over generated .. generated + steps
@@ -382,7 +470,8 @@ class Certificate:
         than that: at least the p victims with the most frees (at their largest over the
         window) that together exceed it, so they cost at least the p cheapest keep values (at
         their least: tpot low, generated tokens as now), and at least the fractional cover of
-        the need at the cheapest keep value per token freed."""
+        the need at the cheapest keep value per token freed; and where the victims' order by
+        keep value holds, at least the prefix of that order the pack would take."""
         if not self.victims:
             return lambda need: False
         keep_lo = np.array([self.tpot_lo * g + c for _, g, c, _ in self.victims]) * (1.0 - EPS)
@@ -400,11 +489,24 @@ class Certificate:
         cheapest = np.cumsum(np.sort(keep_lo))  # the p cheapest keep values
         total = cum_frees[-1]
         margin = self.p.preempt_margin_s
+        last = len(cheapest) - 1
+        # The pack takes victims cheapest first (`Topas._victims`' order) until they make
+        # room: where that order cannot change over the window, the victims it takes are a
+        # prefix of it, at least as long as with every one freeing its most.
+        keep_hi = np.array([self.tpot_hi * (g + steps) + c for _, g, c, _ in self.victims]) * (
+            1.0 + EPS
+        )
+        ordered = bool(np.all(keep_hi[:-1] < keep_lo[1:]))
+        prefix_frees = np.cumsum(frees_hi)
+        prefix_keep = np.cumsum(keep_lo)
 
         def pays(need: F64) -> bool:
             p = np.searchsorted(most_frees, need, side="right")  # victims needed, less one
-            fewest = cheapest[np.minimum(p, len(cheapest) - 1)]
+            fewest = cheapest[np.minimum(p, last)]
             value_lo = np.maximum(np.interp(need, cum_frees, cum_keep), fewest)
+            if ordered:
+                taken = np.searchsorted(prefix_frees, need, side="right")
+                value_lo = np.maximum(value_lo, prefix_keep[np.minimum(taken, last)])
             slack = EPS * (1.0 + np.abs(gain_hi) + np.abs(value_lo) + abs(margin))
             possible = need < total  # else every victim together cannot make room
             return bool(np.any(possible & (gain_hi - value_lo > margin - slack)))
