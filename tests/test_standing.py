@@ -29,7 +29,7 @@ PRESET = load_preset("a100-qwen32b")
 WORKLOADS = ("chain3", "dag4", "dag10-wide", "metagpt-sop", "metagpt-tl")
 #: The smallest budget each workload's largest call allows, rounded up: memory-bound.
 SMALL = {"chain3": 9000, "dag4": 9000, "dag10-wide": 9000, "metagpt-sop": 9000,
-         "metagpt-tl": 12000}  # fmt: skip
+         "metagpt-tl": 14000}  # fmt: skip
 #: Tasks per run: enough for queues, preemptions and admissions held back by memory.
 TASKS = {"chain3": 30, "dag4": 24, "dag10-wide": 16, "metagpt-sop": 24, "metagpt-tl": 14}
 #: Arrival rates, a multiple of each workload's default: queues, so that decisions stand.

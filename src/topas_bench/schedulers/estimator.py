@@ -21,6 +21,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from topas_bench.schedulers.request import RequestView, StageView
 
 
@@ -30,18 +33,20 @@ class CostLike(Protocol):
 
 
 TrueLength = Callable[[str, str], int]  # (task_id, stage_id) -> true output tokens
+F64 = npt.NDArray[np.float64]
 
 
 class _Dist:
     """Sorted window of samples with suffix sums, for O(log n) conditional residual means."""
 
-    __slots__ = ("_order", "_sorted", "_suffix", "_window")
+    __slots__ = ("_arrays", "_order", "_sorted", "_suffix", "_window")
 
     def __init__(self, window: int) -> None:
         self._window = window
         self._order: deque[float] = deque()
         self._sorted: list[float] = []
         self._suffix: list[float] | None = [0.0]  # _suffix[i] = sum(_sorted[i:]); None: stale
+        self._arrays: tuple[F64, F64] | None = None  # both as arrays, for `residual_span`
 
     def add(self, x: float) -> None:
         self._order.append(x)
@@ -50,6 +55,7 @@ class _Dist:
             old = self._order.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, old)]
         self._suffix = None  # rebuilt when next read: many adds may come before a read
+        self._arrays = None
 
     def _sums(self) -> list[float]:
         suffix = self._suffix
@@ -64,6 +70,25 @@ class _Dist:
         """The distinct samples x with low < x <= high."""
         s = self._sorted
         return sorted(set(s[bisect.bisect_right(s, low) : bisect.bisect_right(s, high)]))
+
+    def residual_span(
+        self, attained: list[float], prior: float, prior_weight: float
+    ) -> tuple[float, float]:
+        """(min, max) of `residual` over `attained`, the same arithmetic element by element."""
+        if self._arrays is None:
+            self._arrays = (np.array(self._sorted), np.array(self._sums()))
+        values, suffix = self._arrays
+        a = np.array(attained)
+        i = np.searchsorted(values, a, side="right")
+        n_above = len(values) - i
+        total = suffix[i] - a * n_above
+        weight = n_above.astype(np.float64)
+        has_prior = prior > a
+        total = np.where(has_prior, total + prior_weight * (prior - a), total)
+        weight = np.where(has_prior, weight + prior_weight, weight)
+        empty = weight == 0.0
+        out = np.where(empty, np.maximum(1.0, 0.1 * a), total / np.where(empty, 1.0, weight))
+        return float(out.min()), float(out.max())
 
     def residual(self, attained: float, prior: float, prior_weight: float) -> float:
         """E[X - a | X > a] over the samples plus `prior_weight` pseudo-samples at `prior`."""
@@ -181,19 +206,20 @@ class ServiceEstimator:
         pieces' ends: g, g + steps, and each length passed (and the one before it).
         """
         last = generated + steps
-        points = {generated, last}
         d = self._dists.get((agent, kind))
-        if d is not None and not (self._true is not None and key is not None):
-            passed = d.values_in(generated, last)
-            if generated < self._prior <= last:
-                passed.append(self._prior)
-            for x in passed:
-                b = math.ceil(x)  # the first g at which x no longer counts (x > g fails)
-                points.update((b, b - 1))
-        values = [
-            self.residual_tokens(agent, kind, g, key) for g in points if generated <= g <= last
-        ]
-        return min(values), max(values)
+        if d is None or (self._true is not None and key is not None):  # monotone: the ends
+            a = self.residual_tokens(agent, kind, generated, key)
+            b = self.residual_tokens(agent, kind, last, key)
+            return min(a, b), max(a, b)
+        points = {generated, last}
+        passed = d.values_in(generated, last)
+        if generated < self._prior <= last:
+            passed.append(self._prior)
+        for x in passed:
+            b = math.ceil(x)  # the first g at which x no longer counts (x > g fails)
+            points.update((b, b - 1))
+        at = [float(g) for g in points if generated <= g <= last]
+        return d.residual_span(at, self._prior, self._prior_weight)
 
     def _residual(self, agent: str, kind: str, generated: int) -> float:
         d = self._dists.get((agent, kind))

@@ -591,8 +591,7 @@ class Simulator:
         if self._stand_run is None:
             self._decay(steps)
             return
-        for _ in range(steps):
-            self._decay(1)
+        self.ratio = standing.decayed(self.ratio, steps, self.cfg)[-1]
 
     def _decode_fits(self, b: int) -> bool:
         """`check_decode_mem`: evict what the next step needs; does it fit now?"""

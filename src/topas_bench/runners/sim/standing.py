@@ -36,6 +36,7 @@ from topas_bench.schedulers.base import BUDGET_MARGIN, Decision, Standing
 from topas_bench.workloads.model import agent_key
 
 if TYPE_CHECKING:
+    from topas_bench.runners.sim.config import SimConfig
     from topas_bench.runners.sim.engine import Simulator
     from topas_bench.runners.sim.state import SimRequest
 
@@ -112,9 +113,7 @@ def run_steps(
     left = np.array([r.max_new_tokens - r.generated for r in running], dtype=np.float64)
     eos = np.array([r.ignore_eos for r in running], dtype=bool)
     share = np.minimum(left[None, :] - steps, cfg.clip_max_new_tokens)
-    ratios = [sim.ratio]  # at the first covered attempt (the run's first step decayed it)
-    for _ in range(k - 2):
-        ratios.append(max(ratios[-1] - cfg.new_token_ratio_decay, cfg.min_new_token_ratio))
+    ratios = decayed(sim.ratio, k - 2, cfg)  # from the first covered attempt on
     reserved = share[:, ~eos].sum(axis=1) * np.array(ratios) + share[:, eos].sum(axis=1)
     free = sim.free_tokens + sim.cache.evictable_tokens
     budget = free - len(running) * steps[:, 0] - reserved
@@ -125,6 +124,20 @@ def run_steps(
         if b >= pin_at or not s.holds(j, float(ends[j - 1]), tpots[j - 1], b):
             return j
     return k
+
+
+def decayed(ratio: float, steps: int, cfg: SimConfig) -> list[float]:
+    """`new_token_ratio` now and after each of `steps` decode steps, one step at a time
+    (`Simulator._decay(1)` each: the roundings of a step-by-step run)."""
+    out = [ratio]
+    step, low = cfg.new_token_ratio_decay, cfg.min_new_token_ratio
+    for _ in range(steps):
+        ratio = max(ratio - step, low)
+        out.append(ratio)
+        if ratio == low:  # it stays there
+            out.extend([low] * (steps + 1 - len(out)))
+            break
+    return out
 
 
 def replay(sim: Simulator, stand: Stand, rounds: int) -> None:

@@ -112,7 +112,7 @@ class Topas(Policy):
         elif pool.stale_left:
             self.standings["paths stale"] += 1
         else:
-            cert = Certificate(view, self.p, pool, inputs, agents, choice.visited, self._credit)
+            cert = Certificate(view, self.p, pool, inputs, agents, choice, self._credit)
             stands = cert.standing()
             self.standings[f"stands {stands.steps}" if stands else cert.failed] += 1
         return Decision(

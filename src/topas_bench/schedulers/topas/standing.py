@@ -38,17 +38,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from topas_bench.schedulers.base import EngineView, Standing
+from topas_bench.schedulers.base import BUDGET_MARGIN, EngineView, Standing
 from topas_bench.schedulers.topas.pack import Candidate, PackInputs, _earliest_fit, pin_delta
 from topas_bench.schedulers.topas.params import TopasParams
 from topas_bench.schedulers.topas.paths import TaskPath
-from topas_bench.schedulers.topas.search import AgentInfo
+from topas_bench.schedulers.topas.search import AgentInfo, Choice
 
 #: Relative half-widths of the step-time band a standing decision assumes, widest first: the
 #: widest that stands one step is kept (the estimate drifts slowly between batch changes).
@@ -57,8 +57,9 @@ TPOT_BANDS = (0.1, 0.03, 0.01, 0.003)
 LADDER = (1, 4, 16, 64, 256)
 #: Relative slack for rounding: a comparison closer than this is taken as able to flip.
 EPS = 1e-9
-#: Bisections of the budget ceiling that keeps preemptions from paying.
-PREEMPT_BISECTIONS = 8
+#: Bisections of the budget ceiling that keeps preemptions from paying, or a reservation
+#: refusing a backfill.
+CEILING_BISECTIONS = 8
 #: A window's time limit, in step-time estimates per step (the engine also stops at `steps`).
 TIME_PER_STEP = 2.0
 
@@ -91,7 +92,7 @@ class Certificate:
         pool: Pool,
         inp: PackInputs,
         agents: Mapping[str, AgentInfo],
-        visited: Sequence[frozenset[str]],
+        choice: Choice,
         credit: Mapping[int, float],
     ) -> None:
         self.view = view
@@ -99,7 +100,11 @@ class Certificate:
         self.pool = pool
         self.inp = inp
         self.agents = agents
-        self.visited = visited
+        self.visited = [c.keep for c in choice.visited]
+        self.scores = [c.score for c in choice.visited]
+        #: the scored sets whose pack admits or preempts something (and loses)
+        self.acting = np.array([bool(c.pack.admits or c.pack.preempts) for c in choice.visited])
+        self.comparisons = choice.comparisons
         self.credit = credit
         est = view.estimator
         self.tpot = est.tpot_s
@@ -107,9 +112,9 @@ class Certificate:
         self.now = view.now_s
         self.budget0 = inp.budget
         self.running = list(view.running)
-        self._rt_lo = [math.inf] * len(self.running)
-        self._rt_hi = [-math.inf] * len(self.running)
-        self._rt_steps = -1
+        self._rt_lo: list[float] = []  # residual output ranges of the window being tried
+        self._rt_hi: list[float] = []
+        self._rt_memo: dict[int, tuple[list[float], list[float]]] = {}
         #: Why the last window tried did not stand (diagnostics: `benchmarks/bench_sim.py`).
         self.failed = ""
 
@@ -126,13 +131,20 @@ class Certificate:
             best = self._window(LADDER[0])
             if best is not None:
                 break
+            if self.failed == "fits":
+                return None  # a request that fits now does at every band
         else:
             return None
-        for steps in LADDER[1:]:
-            found = self._window(steps)
+        # the longest window of the ladder that stands: the longest first (the usual
+        # answer), then bisecting between the longest known to stand and the shortest not
+        good, bad = 0, len(LADDER)
+        while bad - good > 1:
+            mid = len(LADDER) - 1 if bad == len(LADDER) else (good + bad) // 2
+            found = self._window(LADDER[mid])
             if found is None:
-                break
-            best = found
+                bad = mid
+            else:
+                good, best = mid, found
         return best
 
     def _prepare(self) -> bool:
@@ -156,6 +168,11 @@ class Certificate:
         self.service = np.array([pool.paths[t].service_s for t in tids])
         self.hops = np.array([float(pool.paths[t].hops) for t in tids])
         self.arrival = np.array([view.tasks[t].arrival_s for t in tids])
+        self.live = (self.service > 0) | (self.hops > 0)  # L > 0 at every positive H
+        self.aging_now = np.ones_like(self.service)
+        if pool.h_age > 0:
+            waited = np.maximum(self.now - self.arrival, 0.0)
+            self.aging_now = 1.0 + p.rho * np.log1p(waited / pool.h_age)
         names = sorted({r.agent for r in waiting} | set(self.agents))
         self.agent_ix = {a: i for i, a in enumerate(names)}
         self.task_of = np.array([index[r.task_id] for r in waiting], dtype=np.int64)
@@ -167,6 +184,14 @@ class Certificate:
             [costs[r.rid] if r.rid in costs else need(r) + lock(r) for r in waiting], dtype=float
         )
         self.urgent = np.array([r.rid in pool.urgent for r in waiting], dtype=bool)
+        inp, gain = self.inp, pool.agent_gain
+        order = sorted(
+            (a for a in self.agents if a not in inp.locked_agents and a not in inp.open_agents),
+            key=lambda a: (-gain.get(a, 0.0), a),
+        )
+        #: the search's agent order, through its top `max_agents` and the first past them
+        self.neighbours = list(itertools.pairwise(order[: p.max_agents + 1]))
+        self._terms_memo: dict[str, tuple[npt.NDArray[np.int64], F64]] = {}
         unpaid = pool.unpaid
         self.denom = np.maximum(self.cost + [unpaid.get(r.agent, 0) for r in waiting], 1.0)
         return self._prepare_sets() and self._prepare_victims()
@@ -182,6 +207,8 @@ class Certificate:
         offsets = np.zeros((len(self.visited), n))
         walks = np.zeros((len(self.visited), n), dtype=bool)
         lo, hi = -math.inf, math.inf
+        beta = self.p.beta if self.p.use_reuse else 0.0
+        reuse = []
         for s, keep in enumerate(self.visited):
             delta = pin_delta(inp, keep)
             paid = keep | inp.locked_agents | inp.kept_unlocked.keys()
@@ -189,10 +216,22 @@ class Certificate:
             for a, i in self.agent_ix.items():
                 offsets[s, i] = delta - (discount.get(a, 0) if a in paid else 0)
                 walks[s, i] = not self.p.joint or a in allowed or a not in prefixes
-            s_lo, s_hi = self._swap_bucket(keep, delta)
-            lo, hi = max(lo, s_lo), min(hi, s_hi)
+            if not self.acting[s]:  # an empty pack's score moves only with its swap-out
+                s_lo, s_hi = self._swap_bucket(keep, delta)
+                lo, hi = max(lo, s_lo), min(hi, s_hi)
+            reuse.append(beta * sum(
+                agents[a].next_users * agents[a].reload_s for a in allowed if a in agents
+            ))  # fmt: skip
         self.deltas = np.array([float(pin_delta(inp, keep)) for keep in self.visited])
         self.offsets, self.walks = offsets, walks
+        #: the most reuse value a set's score can hold, whatever its pack brings in
+        self.reuse_max = np.array(reuse)
+        #: the least a request of each agent can cost a set's pack, over `offsets`: its
+        #: agent's prefix paid (by a pin, a lock, or an earlier admission)
+        self.paid_offsets = (
+            self.deltas[:, None]
+            - np.array([float(discount.get(a, 0)) for a in self.agent_ix])[None, :]
+        )
         self.swap_lo, self.swap_hi = lo, hi
         self.failed = "" if lo < hi else "swap-out"
         return lo < hi
@@ -245,7 +284,7 @@ class Certificate:
     # -- one window ------------------------------------------------------------------------
     def _window(self, steps: int) -> Standing | None:
         """The standing for `steps` decode steps, if the certificate holds over them."""
-        self._extend_residuals(steps)
+        self._residuals(steps)
         until = min(self.until_starve, self.now + TIME_PER_STEP * steps * self.tpot_hi)
         h_lo, h_hi = self._horizon_range()
         u_lo, u_hi = self._weight_range(h_lo, h_hi, until)
@@ -259,8 +298,11 @@ class Certificate:
         # fits, where the set's pack walks it
         agent = self.agent_of[considered]
         walked = self.walks[:, agent] | self.urgent[considered][None, :]
-        fits_at = np.where(walked, self.cost[considered][None, :] + self.offsets[:, agent], np.inf)
-        margin = 1e-6
+        cost = self.cost[considered][None, :]
+        fits_at = np.where(walked, cost + self.offsets[:, agent], np.inf)
+        # a set whose pack admits something (and loses) is bounded by its score instead
+        fits_at[self.acting] = np.inf
+        margin = BUDGET_MARGIN
         budget_lo = self.swap_lo
         budget_hi = min(self.swap_hi, float(fits_at.min(initial=math.inf)))
         first = np.ones(len(considered), dtype=bool)  # may be walked first (and preempt)
@@ -272,6 +314,11 @@ class Certificate:
             self.failed = "fits"
             return None
         fits_at = np.where(first, fits_at.min(axis=0), np.inf)
+        if self.acting.any():
+            # in a pack that admits, any request may find no reservation, and its agent's
+            # prefix may be paid already
+            paid_at = np.where(walked, cost + self.paid_offsets[:, agent], np.inf)[self.acting]
+            fits_at = np.minimum(fits_at, paid_at.min(axis=0))
         gain_hi = n_hi[considered] * (h_hi * (1.0 + EPS))
         pays = self._preemption_test(gain_hi, steps)
         if pays(fits_at - budget_hi):
@@ -281,14 +328,40 @@ class Certificate:
             if pays(fits_at - low):
                 self.failed = "preemption"
                 return None
-            for _ in range(PREEMPT_BISECTIONS):
+            for _ in range(CEILING_BISECTIONS):
                 mid = 0.5 * (low + high)
                 low, high = (low, mid) if pays(fits_at - mid) else (mid, high)
             budget_hi = low
+        if self.acting.any():
+            admits = walked & (cost + self.paid_offsets[:, agent] < budget_hi)
+            best = np.where(admits, gain_hi[None, :], 0.0).sum(axis=1) + self.reuse_max
+            if not self._comparisons_hold(best):
+                self.failed = "scores"
+                return None
         return Standing(
             steps=steps, until_s=until, tpot_lo_s=self.tpot_lo, tpot_hi_s=self.tpot_hi,
             budget_lo=budget_lo, budget_hi=budget_hi,
         )  # fmt: skip
+
+    def _comparisons_hold(self, best: F64) -> bool:
+        """4 with packs that act: every comparison of scores the search made goes the same
+        way over the window. An empty pack's score is fixed (3); one that admits is at most
+        the most gain of every request it may admit plus its most reuse (it loses the rest:
+        redo, revoke, moves are never negative); no preemption pays (2)."""
+        where = {keep: s for s, keep in enumerate(self.visited)}
+        for x, y, margin in self.comparisons:
+            i, j = where[x], where[y]
+            if not (self.acting[i] or self.acting[j]):
+                continue  # both fixed
+            sx, sy = self.scores[i], self.scores[j]
+            slack = EPS * (1.0 + abs(sx) + abs(sy) + float(best[i]) + float(best[j]))
+            if sy > sx + margin:  # y was preferred: it must stay so, so its least must beat
+                return False  # (an acting set's least score is not bounded here)
+            if self.acting[i]:
+                return False  # x kept: its least must stay above y's most
+            if not float(best[j]) <= sx + margin - slack:
+                return False
+        return True
 
     def _held_back(
         self,
@@ -338,17 +411,24 @@ class Certificate:
             first[top] = True
             delta = self.deltas[s]
             need = blocked - delta  # the reserved request's cost in this set's pack
-            without = _earliest_fit(need, budget_lo - delta, late)
+            without = _earliest_fit(need, budget_lo - delta, late) * (1.0 + EPS) + EPS
             for c in rest:
                 at = float(fits_at[s, c])
-                if at >= blocked:
+                if at >= min(blocked, ceiling):
                     continue  # blocked whenever the reserved one is
                 cost = at - delta
-                mine = self._service_lo(int(considered[c]))
-                room = min(blocked, ceiling) - delta - cost
-                with_it = _earliest_fit(need, room, sorted([*early, (mine, cost)]))
-                if not with_it > without * (1.0 + EPS) + EPS:
+                releases = sorted([*early, (self._service_lo(int(considered[c])), cost)])
+                # the reserved one's earliest fit with it admitted, at a budget ceiling:
+                # later than without it, it is refused (the lower the ceiling, the later)
+                low, high = self.budget0 + BUDGET_MARGIN, min(blocked, ceiling)
+                if not _earliest_fit(need, low - delta - cost, releases) > without:
                     blocked = at  # it might be admitted: keep the budget where it does not fit
+                elif not _earliest_fit(need, high - delta - cost, releases) > without:
+                    for _ in range(CEILING_BISECTIONS):
+                        mid = 0.5 * (low + high)
+                        refused = _earliest_fit(need, mid - delta - cost, releases) > without
+                        low, high = (mid, high) if refused else (low, mid)
+                    ceiling = low
             ceiling = min(ceiling, blocked)
         return ceiling, first
 
@@ -372,19 +452,21 @@ class Certificate:
         prefill = est.prefill_s(max(r.prompt_tokens + r.generated, 1), 0)
         return (out * self.tpot_lo + prefill) * (1.0 - EPS)
 
-    def _extend_residuals(self, steps: int) -> None:
+    def _residuals(self, steps: int) -> None:
         """Each running request's residual output range over generated .. generated + steps
-        (extending the last window's)."""
-        est = self.view.estimator
-        start = self._rt_steps
-        for i, r in enumerate(self.running):
-            g = r.generated + max(start, 0)
-            lo, hi = est.residual_tokens_range(
-                r.agent, r.kind, g, steps - max(start, 0), (r.task_id, r.stage_id)
-            )
-            self._rt_lo[i] = min(self._rt_lo[i], lo)
-            self._rt_hi[i] = max(self._rt_hi[i], hi)
-        self._rt_steps = steps
+        (memoised per window length: the ladder tries several)."""
+        hit = self._rt_memo.get(steps)
+        if hit is None:
+            est = self.view.estimator
+            lo, hi = [], []
+            for r in self.running:
+                a, b = est.residual_tokens_range(
+                    r.agent, r.kind, r.generated, steps, (r.task_id, r.stage_id)
+                )
+                lo.append(a)
+                hi.append(b)
+            hit = self._rt_memo[steps] = (lo, hi)
+        self._rt_lo, self._rt_hi = hit
 
     def _horizon_range(self) -> tuple[float, float]:
         """`Topas._horizon` over the window: mean residual service of the running requests,
@@ -401,21 +483,16 @@ class Certificate:
         aging rises with time; the SRPT factor (mean L / L_i) ** alpha is monotone in H (a
         ratio of two functions linear in H), so its extremes are at H's ends."""
         alpha = self.p.srpt_exponent
-        g_lo = np.ones_like(self.service)
-        g_hi = np.ones_like(self.service)
+        g_lo, g_hi = self.aging_now, self.aging_now
         if self.pool.h_age > 0:
-            rho, h_age = self.p.rho, self.pool.h_age
-            g_lo = 1.0 + rho * np.log1p(np.maximum(self.now - self.arrival, 0.0) / h_age)
-            g_hi = 1.0 + rho * np.log1p(np.maximum(until - self.arrival, 0.0) / h_age)
+            waited = np.maximum(until - self.arrival, 0.0)
+            g_hi = 1.0 + self.p.rho * np.log1p(waited / self.pool.h_age)
         if alpha:
-            ends = []
-            for h in (h_lo, h_hi):
-                length = self.service + self.hops * h
-                ratio = np.where(length > 0, length.mean() / np.where(length > 0, length, 1.0), 1.0)
-                ends.append(ratio)
-            r_lo = np.minimum(ends[0], ends[1]) ** alpha
-            r_hi = np.maximum(ends[0], ends[1]) ** alpha
-            g_lo, g_hi = g_lo * r_lo, g_hi * r_hi
+            length = self.service + self.hops * np.array([[h_lo], [h_hi]])  # L at both ends
+            ratio = length.mean(axis=1, keepdims=True) / np.where(self.live, length, 1.0)
+            ratio = np.where(self.live, ratio, 1.0)  # no SRPT factor on an empty path
+            g_lo = g_lo * ratio.min(axis=0) ** alpha
+            g_hi = g_hi * ratio.max(axis=0) ** alpha
         return g_lo * (1.0 - EPS), g_hi * (1.0 + EPS)
 
     def _order_holds(self, u_lo: F64, u_hi: F64) -> bool:
@@ -425,13 +502,8 @@ class Certificate:
         requests in task t) stays positive with each w_t anywhere in its range; two agents
         whose requests are the same tasks with the same shares, in the same queue order, have
         the same gain to the last bit, and keep their order by name."""
-        inp, gain = self.inp, self.pool.agent_gain
-        order = sorted(
-            (a for a in self.agents if a not in inp.locked_agents and a not in inp.open_agents),
-            key=lambda a: (-gain.get(a, 0.0), a),
-        )
         tasks = len(u_lo)
-        for x, y in itertools.pairwise(order[: self.p.max_agents + 1]):
+        for x, y in self.neighbours:
             sx, sy = self._terms(x), self._terms(y)
             if sx[0].tolist() == sy[0].tolist() and sx[1].tolist() == sy[1].tolist():
                 continue  # the same sums in the same order: tied for good, ordered by name
@@ -445,8 +517,11 @@ class Certificate:
 
     def _terms(self, agent: str) -> tuple[npt.NDArray[np.int64], F64]:
         """The tasks and shares of `agent`'s waiting requests, in queue order."""
-        mine = self.agent_of == self.agent_ix[agent]
-        return self.task_of[mine], self.share[mine]
+        hit = self._terms_memo.get(agent)
+        if hit is None:
+            mine = self.agent_of == self.agent_ix[agent]
+            hit = self._terms_memo[agent] = (self.task_of[mine], self.share[mine])
+        return hit
 
     def _considered(self, n_lo: F64, n_hi: F64) -> npt.NDArray[np.intp]:
         """Indices of the waiting requests that may be walked by a pack in the window: every
