@@ -219,7 +219,10 @@ class ServiceEstimator:
             b = math.ceil(x)  # the first g at which x no longer counts (x > g fails)
             points.update((b, b - 1))
         at = [float(g) for g in points if generated <= g <= last]
-        return d.residual_span(at, self._prior, self._prior_weight)
+        if len(at) > 6:  # the same arithmetic, vectorised
+            return d.residual_span(at, self._prior, self._prior_weight)
+        values = [d.residual(g, self._prior, self._prior_weight) for g in at]
+        return min(values), max(values)
 
     def _residual(self, agent: str, kind: str, generated: int) -> float:
         d = self._dists.get((agent, kind))

@@ -95,18 +95,17 @@ class QueuePass:
         the only effect, `runners.sim.standing` replays them)."""
         return self.active(waiting) == "fcfs"
 
-    def refresh_due(self, waiting: int) -> bool:
-        """Whether the next pass over `waiting` requests touches their prefixes."""
-        return (
-            waiting > 0
-            and self.eviction == "lru"
-            and self._refresh_calls % PREFIX_REFRESH_INTERVAL == 0
-        )
+    def passes_to_refresh(self, waiting: int) -> int | None:
+        """How many passes over `waiting` requests come before the next one that touches
+        their prefixes (0: the next one does); None if none ever does."""
+        if not waiting or self.eviction != "lru":
+            return None
+        return -self._refresh_calls % PREFIX_REFRESH_INTERVAL
 
-    def skip(self, waiting: int) -> None:
-        """Count a pass whose touches, if any, would change nothing (its call counter)."""
+    def skip(self, waiting: int, passes: int = 1) -> None:
+        """Count `passes` passes whose touches, if any, would change nothing."""
         if waiting and self.eviction == "lru":
-            self._refresh_calls += 1
+            self._refresh_calls += passes
 
     def _touch(self, waiting: list[SimRequest], match: Matcher, active: str) -> None:
         if not waiting or self.eviction != "lru":

@@ -117,13 +117,16 @@ def run_steps(
     reserved = share[:, ~eos].sum(axis=1) * np.array(ratios) + share[:, eos].sum(axis=1)
     free = sim.free_tokens + sim.cache.evictable_tokens
     budget = free - len(running) * steps[:, 0] - reserved
-    tpots = sim.estimator.tpot_path(durs[: k - 1].tolist())
-    pin_at = stand.pin_at - BUDGET_MARGIN
-    for j in range(1, k):
-        b = float(budget[j - 1])
-        if b >= pin_at or not s.holds(j, float(ends[j - 1]), tpots[j - 1], b):
-            return j
-    return k
+    tpots = np.array(sim.estimator.tpot_path(durs[: k - 1].tolist()))
+    # `Standing.holds` at each covered attempt (its steps are within `s.steps` already),
+    # and no kept prefix pinned
+    holds = (
+        (ends[: k - 1] < s.until_s)
+        & (s.tpot_lo_s <= tpots) & (tpots <= s.tpot_hi_s)
+        & (s.budget_lo + BUDGET_MARGIN <= budget) & (budget <= s.budget_hi - BUDGET_MARGIN)
+        & (budget < stand.pin_at - BUDGET_MARGIN)
+    )  # fmt: skip
+    return int(np.argmin(holds)) + 1 if not holds.all() else k
 
 
 def decayed(ratio: float, steps: int, cfg: SimConfig) -> list[float]:
@@ -147,21 +150,26 @@ def replay(sim: Simulator, stand: Stand, rounds: int) -> None:
     attempt may have split), then each touching pass until one splits nothing; the others
     are only counted."""
     qp = sim.queue_pass
-    keep = stand.decision.keep_prefixes
+    waiting = len(sim.waiting)
+    done = 0
     touches_split = True
-    for i in range(rounds):
-        due = qp.refresh_due(len(sim.waiting))
-        if i == 0 or (due and touches_split):
-            version = sim.cache.version
-            sim.waiting = qp.run(sim.waiting, sim.cache, sim._match_req, sim.processed_tokens)
-            if keep is not None:
-                sim._keep(keep)
-            head = stand.head
-            sim._match(head.fill(), head.fill_tokens - 1)
-            if due:
-                touches_split = sim.cache.version != version
-        else:
-            qp.skip(len(sim.waiting))
+    while done < rounds:
+        due = qp.passes_to_refresh(waiting)
+        if done and (due is None or not touches_split or done + due >= rounds):
+            qp.skip(waiting, rounds - done)  # nothing left that changes the tree
+            return
+        if done and due:
+            qp.skip(waiting, due)  # to the next touching pass
+            done += due
+        version = sim.cache.version
+        touching = qp.passes_to_refresh(waiting) == 0
+        sim.waiting = qp.run(sim.waiting, sim.cache, sim._match_req, sim.processed_tokens)
+        if stand.decision.keep_prefixes is not None:
+            sim._keep(stand.decision.keep_prefixes)
+        sim._match(stand.head.fill(), stand.head.fill_tokens - 1)
+        if touching:
+            touches_split = sim.cache.version != version
+        done += 1
 
 
 def serve(

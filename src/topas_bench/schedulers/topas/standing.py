@@ -209,8 +209,10 @@ class Certificate:
         lo, hi = -math.inf, math.inf
         beta = self.p.beta if self.p.use_reuse else 0.0
         reuse = []
+        deltas = []
         for s, keep in enumerate(self.visited):
             delta = pin_delta(inp, keep)
+            deltas.append(float(delta))
             paid = keep | inp.locked_agents | inp.kept_unlocked.keys()
             allowed = keep | inp.locked_agents
             for a, i in self.agent_ix.items():
@@ -222,7 +224,7 @@ class Certificate:
             reuse.append(beta * sum(
                 agents[a].next_users * agents[a].reload_s for a in allowed if a in agents
             ))  # fmt: skip
-        self.deltas = np.array([float(pin_delta(inp, keep)) for keep in self.visited])
+        self.deltas = np.array(deltas)
         self.offsets, self.walks = offsets, walks
         #: the most reuse value a set's score can hold, whatever its pack brings in
         self.reuse_max = np.array(reuse)
