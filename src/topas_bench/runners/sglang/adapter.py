@@ -103,6 +103,8 @@ class Bridge:
         #: and each running request's output length then.
         self.standing: tuple[Decision, tuple[Any, ...], int] | None = None
         self.reused = 0  # scheduling points that reused a standing decision
+        #: False asks the policy at every scheduling point (the always-ask path, to compare)
+        self.reuse = True
         self.decisions = 0
         self.decision_wall_s = 0.0
         self._warned: set[str] = set()
@@ -191,7 +193,7 @@ class Bridge:
         """The last decision, if it stands here (`Standing.holds`) on the state it was made
         on, `steps` decode steps later; else None (ask the policy)."""
         last = self.standing
-        if last is None or not running:
+        if last is None or not running or not self.reuse:
             return None
         decision, decided, generated = last
         stands = decision.stands

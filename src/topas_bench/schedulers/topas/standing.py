@@ -509,8 +509,8 @@ class Certificate:
             sx, sy = self._terms(x), self._terms(y)
             if sx[0].tolist() == sy[0].tolist() and sx[1].tolist() == sy[1].tolist():
                 continue  # the same sums in the same order: tied for good, ordered by name
-            d = np.bincount(sx[0], weights=sx[1], minlength=tasks)
-            d -= np.bincount(sy[0], weights=sy[1], minlength=tasks)
+            d = np.bincount(sx[0], weights=sx[1], minlength=tasks).astype(np.float64)
+            d -= np.bincount(sy[0], weights=sy[1], minlength=tasks)  # (empty: integers)
             low = float(np.where(d > 0, d * u_lo, d * u_hi).sum())
             scale = float(np.abs(d).dot(u_hi)) + float(sx[1].sum() + sy[1].sum()) * u_hi.max()
             if not low > EPS * scale:
