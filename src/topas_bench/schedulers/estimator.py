@@ -16,7 +16,6 @@ hands the estimator a lookup of true lengths and every expectation uses it inste
 from __future__ import annotations
 
 import bisect
-import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -39,14 +38,14 @@ F64 = npt.NDArray[np.float64]
 class _Dist:
     """Sorted window of samples with suffix sums, for O(log n) conditional residual means."""
 
-    __slots__ = ("_arrays", "_order", "_sorted", "_suffix", "_window")
+    __slots__ = ("_order", "_sorted", "_suffix", "_table", "_window")
 
     def __init__(self, window: int) -> None:
         self._window = window
         self._order: deque[float] = deque()
         self._sorted: list[float] = []
         self._suffix: list[float] | None = [0.0]  # _suffix[i] = sum(_sorted[i:]); None: stale
-        self._arrays: tuple[F64, F64] | None = None  # both as arrays, for `residual_span`
+        self._table: F64 | None = None  # `residual_table`
 
     def add(self, x: float) -> None:
         self._order.append(x)
@@ -55,7 +54,7 @@ class _Dist:
             old = self._order.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, old)]
         self._suffix = None  # rebuilt when next read: many adds may come before a read
-        self._arrays = None
+        self._table = None
 
     def _sums(self) -> list[float]:
         suffix = self._suffix
@@ -66,29 +65,25 @@ class _Dist:
             self._suffix = suffix
         return suffix
 
-    def values_in(self, low: float, high: float) -> list[float]:
-        """The distinct samples x with low < x <= high."""
-        s = self._sorted
-        return sorted(set(s[bisect.bisect_right(s, low) : bisect.bisect_right(s, high)]))
-
-    def residual_span(
-        self, attained: list[float], prior: float, prior_weight: float
-    ) -> tuple[float, float]:
-        """(min, max) of `residual` over `attained`, the same arithmetic element by element."""
-        if self._arrays is None:
-            self._arrays = (np.array(self._sorted), np.array(self._sums()))
-        values, suffix = self._arrays
-        a = np.array(attained)
-        i = np.searchsorted(values, a, side="right")
-        n_above = len(values) - i
-        total = suffix[i] - a * n_above
-        weight = n_above.astype(np.float64)
-        has_prior = prior > a
-        total = np.where(has_prior, total + prior_weight * (prior - a), total)
-        weight = np.where(has_prior, weight + prior_weight, weight)
-        empty = weight == 0.0
-        out = np.where(empty, np.maximum(1.0, 0.1 * a), total / np.where(empty, 1.0, weight))
-        return float(out.min()), float(out.max())
+    def residual_table(self, upto: int, prior: float, prior_weight: float) -> F64:
+        """`residual(a)` at every whole a = 0 .. upto (at least), the same arithmetic element
+        by element; kept until the next sample (grown, doubling, when asked for more)."""
+        table = self._table
+        if table is None or len(table) <= upto:
+            values, suffix = np.array(self._sorted), np.array(self._sums())
+            size = max(upto + 1, 2 * (len(table) if table is not None else 0), 1024)
+            a = np.arange(size, dtype=np.float64)
+            i = np.searchsorted(values, a, side="right")
+            n_above = len(values) - i
+            total = suffix[i] - a * n_above
+            weight = n_above.astype(np.float64)
+            has_prior = prior > a
+            total = np.where(has_prior, total + prior_weight * (prior - a), total)
+            weight = np.where(has_prior, weight + prior_weight, weight)
+            empty = weight == 0.0
+            table = np.where(empty, np.maximum(1.0, 0.1 * a), total / np.where(empty, 1.0, weight))
+            self._table = table
+        return table
 
     def residual(self, attained: float, prior: float, prior_weight: float) -> float:
         """E[X - a | X > a] over the samples plus `prior_weight` pseudo-samples at `prior`."""
@@ -197,32 +192,17 @@ class ServiceEstimator:
         self, agent: str, kind: str, generated: int, steps: int, key: tuple[str, str] | None = None
     ) -> tuple[float, float]:
         """(min, max) of `residual_tokens` over `generated .. generated + steps`, with the
-        distributions as they are now (they change only with a finish).
-
-        Exact, not an estimate: between two output lengths seen (and the prior), the residual
-        `E[X - g | X > g]` falls by one token per token generated; where g passes one, that
-        length leaves the conditioning set and the residual jumps; with nothing left above g
-        it is `max(1, g / 10)`, rising. Each piece is monotone, so the extremes are at the
-        pieces' ends: g, g + steps, and each length passed (and the one before it).
-        """
+        distributions as they are now (they change only with a finish): exact, from the
+        residual at every count of the window (`_Dist.residual_table`). Without samples, or
+        with true lengths, the residual only falls: its ends."""
         last = generated + steps
         d = self._dists.get((agent, kind))
         if d is None or (self._true is not None and key is not None):  # monotone: the ends
             a = self.residual_tokens(agent, kind, generated, key)
             b = self.residual_tokens(agent, kind, last, key)
             return min(a, b), max(a, b)
-        points = {generated, last}
-        passed = d.values_in(generated, last)
-        if generated < self._prior <= last:
-            passed.append(self._prior)
-        for x in passed:
-            b = math.ceil(x)  # the first g at which x no longer counts (x > g fails)
-            points.update((b, b - 1))
-        at = [float(g) for g in points if generated <= g <= last]
-        if len(at) > 6:  # the same arithmetic, vectorised
-            return d.residual_span(at, self._prior, self._prior_weight)
-        values = [d.residual(g, self._prior, self._prior_weight) for g in at]
-        return min(values), max(values)
+        window = d.residual_table(last, self._prior, self._prior_weight)[generated : last + 1]
+        return float(window.min()), float(window.max())
 
     def _residual(self, agent: str, kind: str, generated: int) -> float:
         d = self._dists.get((agent, kind))

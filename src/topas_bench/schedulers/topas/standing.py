@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from topas_bench.schedulers.base import BUDGET_MARGIN, EngineView, Standing
+from topas_bench.schedulers.base import BUDGET_MARGIN, EngineView, RequestView, Standing
 from topas_bench.schedulers.topas.pack import Candidate, PackInputs, _earliest_fit, pin_delta
 from topas_bench.schedulers.topas.params import TopasParams
 from topas_bench.schedulers.topas.paths import TaskPath
@@ -66,6 +66,32 @@ TIME_PER_STEP = 2.0
 F64 = npt.NDArray[np.float64]
 
 
+class Rows:
+    """Each waiting request as the certificate reads it, in `view.waiting` order, gathered
+    while `Topas._candidates` walks the queue: its task's and its agent's index, its share
+    of its task's path reduction, and whether it is starving."""
+
+    __slots__ = (
+        "agent_index", "agent_of", "requests", "share", "starving", "task_index", "task_of",
+    )  # fmt: skip
+
+    def __init__(self, task_index: dict[str, int]) -> None:
+        self.task_index = task_index
+        self.agent_index: dict[str, int] = {}
+        self.requests: list[RequestView] = []
+        self.task_of: list[int] = []
+        self.agent_of: list[int] = []
+        self.share: list[float] = []
+        self.starving: list[bool] = []
+
+    def add(self, r: RequestView, share: float, starving: bool) -> None:
+        self.requests.append(r)
+        self.task_of.append(self.task_index[r.task_id])
+        self.agent_of.append(self.agent_index.setdefault(r.agent, len(self.agent_index)))
+        self.share.append(share)
+        self.starving.append(starving)
+
+
 @dataclass(slots=True)
 class Pool:
     """What `Topas._candidates` computed, kept for the certificate."""
@@ -73,7 +99,7 @@ class Pool:
     ranked: list[Candidate]
     agent_gain: dict[str, float]
     paths: dict[str, TaskPath]
-    shares: list[float]  # delta / horizon of each waiting request, in `view.waiting` order
+    rows: Rows  # the waiting requests, for the certificate
     costs: dict[int, int]  # rid -> admission need + lock cost (where computed)
     unpaid: dict[str, int]  # agent -> prefix tokens a request of it would pay
     urgent: set[int]  # rids past the starvation limit
@@ -126,18 +152,23 @@ class Certificate:
         if not self._prepare():
             self.failed = self.failed or "starvation"
             return None
-        for band in TPOT_BANDS:
-            self.tpot_lo, self.tpot_hi = self.tpot * (1.0 - band), self.tpot * (1.0 + band)
+        # the usual answer first: the longest window at the widest band
+        self._band(TPOT_BANDS[0])
+        best = self._window(LADDER[-1])
+        if best is not None:
+            return best
+        # then the shortest window at the narrowest band: if that fails, every one does
+        self._band(TPOT_BANDS[-1])
+        if self._window(LADDER[0]) is None:
+            return None
+        for band in TPOT_BANDS:  # the widest band that stands one step
+            self._band(band)
             best = self._window(LADDER[0])
             if best is not None:
                 break
-            if self.failed == "fits":
-                return None  # a request that fits now does at every band
-        else:
-            return None
-        # the longest window of the ladder that stands: the longest first (the usual
-        # answer), then bisecting between the longest known to stand and the shortest not
-        good, bad = 0, len(LADDER)
+        # the longest window of the ladder that stands at that band: bisecting between the
+        # longest known to stand and the shortest not
+        good, bad = 0, len(LADDER) - (1 if band == TPOT_BANDS[0] else 0)
         while bad - good > 1:
             mid = len(LADDER) - 1 if bad == len(LADDER) else (good + bad) // 2
             found = self._window(LADDER[mid])
@@ -147,13 +178,17 @@ class Certificate:
                 good, best = mid, found
         return best
 
+    def _band(self, band: float) -> None:
+        self.tpot_lo, self.tpot_hi = self.tpot * (1.0 - band), self.tpot * (1.0 + band)
+
     def _prepare(self) -> bool:
         """What does not depend on the window's length; False if nothing can stand."""
         view, pool, p = self.view, self.pool, self.p
-        waiting = view.waiting
         self.until_starve = math.inf
         if pool.limit < math.inf:
-            ready = [r.ready_s for r in waiting if r.rid not in pool.urgent]
+            rows = pool.rows
+            ready = [r.ready_s for r, late in zip(rows.requests, rows.starving, strict=True)
+                     if not late]  # fmt: skip
             ready += [  # running requests that may still be preempted
                 r.ready_s for r in self.running
                 if self.now - r.ready_s <= pool.limit and r.preemptions < p.max_preemptions
@@ -164,26 +199,29 @@ class Certificate:
         if self.until_starve <= self.now:
             return False
         tids = list(pool.paths)
-        index = {t: i for i, t in enumerate(tids)}
-        self.service = np.array([pool.paths[t].service_s for t in tids])
-        self.hops = np.array([float(pool.paths[t].hops) for t in tids])
+        paths = pool.paths.values()
+        self.service = np.array([p.service_s for p in paths])
+        self.hops = np.array([float(p.hops) for p in paths])
         self.arrival = np.array([view.tasks[t].arrival_s for t in tids])
         self.live = (self.service > 0) | (self.hops > 0)  # L > 0 at every positive H
         self.aging_now = np.ones_like(self.service)
         if pool.h_age > 0:
             waited = np.maximum(self.now - self.arrival, 0.0)
             self.aging_now = 1.0 + p.rho * np.log1p(waited / pool.h_age)
-        names = sorted({r.agent for r in waiting} | set(self.agents))
-        self.agent_ix = {a: i for i, a in enumerate(names)}
-        self.task_of = np.array([index[r.task_id] for r in waiting], dtype=np.int64)
-        self.agent_of = np.array([self.agent_ix[r.agent] for r in waiting], dtype=np.int64)
-        self.share = np.array(pool.shares)
+        rows = pool.rows
+        self.agent_ix = rows.agent_index  # (extended by agents with nothing waiting)
+        for a in self.agents:
+            self.agent_ix.setdefault(a, len(self.agent_ix))
+        self.task_of = np.array(rows.task_of, dtype=np.int64)
+        self.agent_of = np.array(rows.agent_of, dtype=np.int64)
+        self.share = np.array(rows.share)
         costs = pool.costs
         need, lock = view.admission_need, view.lock_cost
         self.cost = np.array(
-            [costs[r.rid] if r.rid in costs else need(r) + lock(r) for r in waiting], dtype=float
+            [costs[r.rid] if r.rid in costs else need(r) + lock(r) for r in rows.requests],
+            dtype=float,
         )
-        self.urgent = np.array([r.rid in pool.urgent for r in waiting], dtype=bool)
+        self.urgent = np.array(rows.starving, dtype=bool)
         inp, gain = self.inp, pool.agent_gain
         order = sorted(
             (a for a in self.agents if a not in inp.locked_agents and a not in inp.open_agents),
@@ -191,9 +229,12 @@ class Certificate:
         )
         #: the search's agent order, through its top `max_agents` and the first past them
         self.neighbours = list(itertools.pairwise(order[: p.max_agents + 1]))
-        self._terms_memo: dict[str, tuple[npt.NDArray[np.int64], F64]] = {}
-        unpaid = pool.unpaid
-        self.denom = np.maximum(self.cost + [unpaid.get(r.agent, 0) for r in waiting], 1.0)
+        self._pairs: list[tuple[F64, F64, float]] | None = None
+        unpaid = np.zeros(len(self.agent_ix))
+        for a, t in pool.unpaid.items():
+            if a in self.agent_ix:
+                unpaid[self.agent_ix[a]] = t
+        self.denom = np.maximum(self.cost + unpaid[self.agent_of], 1.0)
         return self._prepare_sets() and self._prepare_victims()
 
     def _prepare_sets(self) -> bool:
@@ -281,6 +322,11 @@ class Certificate:
             residual = est.residual_tokens(r.agent, r.kind, g, (r.task_id, r.stage_id))
             base = v.frees - int(residual) - g  # prompt - shared
             self.victims.append((where[r.rid], g, prefill_credit, base))
+        columns = list(zip(*self.victims, strict=True)) or [(), (), (), ()]
+        self.v_index = np.array(columns[0], dtype=np.int64)
+        self.v_generated = np.array(columns[1], dtype=np.float64)
+        self.v_fixed = np.array(columns[2], dtype=np.float64)  # prefill + credit
+        self.v_base = np.array(columns[3], dtype=np.float64)
         return True
 
     # -- one window ------------------------------------------------------------------------
@@ -448,7 +494,7 @@ class Certificate:
     def _service_lo(self, i: int) -> float:
         """The least expected service of waiting request i over the window (its prefill, and
         its expected output at the low step time): when admitting it would give memory back."""
-        r = self.view.waiting[i]
+        r = self.pool.rows.requests[i]
         est = self.view.estimator
         out = est.residual_tokens(r.agent, r.kind, r.generated, (r.task_id, r.stage_id))
         prefill = est.prefill_s(max(r.prompt_tokens + r.generated, 1), 0)
@@ -504,26 +550,33 @@ class Certificate:
         requests in task t) stays positive with each w_t anywhere in its range; two agents
         whose requests are the same tasks with the same shares, in the same queue order, have
         the same gain to the last bit, and keep their order by name."""
-        tasks = len(u_lo)
-        for x, y in self.neighbours:
-            sx, sy = self._terms(x), self._terms(y)
-            if sx[0].tolist() == sy[0].tolist() and sx[1].tolist() == sy[1].tolist():
-                continue  # the same sums in the same order: tied for good, ordered by name
-            d = np.bincount(sx[0], weights=sx[1], minlength=tasks).astype(np.float64)
-            d -= np.bincount(sy[0], weights=sy[1], minlength=tasks)  # (empty: integers)
-            low = float(np.where(d > 0, d * u_lo, d * u_hi).sum())
-            scale = float(np.abs(d).dot(u_hi)) + float(sx[1].sum() + sy[1].sum()) * u_hi.max()
+        for pos, neg, shares in self._differences():
+            low = float(pos.dot(u_lo) + neg.dot(u_hi))
+            scale = float((pos - neg).dot(u_hi)) + shares * float(u_hi.max())
             if not low > EPS * scale:
                 return False
         return True
 
+    def _differences(self) -> list[tuple[F64, F64, float]]:
+        """Per neighbour pair of `_order_holds` that is not tied for good: the positive and
+        negative parts of `s_xt - s_yt` over tasks t, and the pair's summed shares."""
+        if self._pairs is None:
+            tasks = len(self.service)
+            self._pairs = []
+            for x, y in self.neighbours:
+                sx, sy = self._terms(x), self._terms(y)
+                if sx[0].tolist() == sy[0].tolist() and sx[1].tolist() == sy[1].tolist():
+                    continue  # the same sums in the same order: tied for good, by name
+                d = np.bincount(sx[0], weights=sx[1], minlength=tasks).astype(np.float64)
+                d -= np.bincount(sy[0], weights=sy[1], minlength=tasks)  # (empty: integers)
+                shares = float(sx[1].sum() + sy[1].sum())
+                self._pairs.append((np.maximum(d, 0.0), np.minimum(d, 0.0), shares))
+        return self._pairs
+
     def _terms(self, agent: str) -> tuple[npt.NDArray[np.int64], F64]:
         """The tasks and shares of `agent`'s waiting requests, in queue order."""
-        hit = self._terms_memo.get(agent)
-        if hit is None:
-            mine = self.agent_of == self.agent_ix[agent]
-            hit = self._terms_memo[agent] = (self.task_of[mine], self.share[mine])
-        return hit
+        mine = self.agent_of == self.agent_ix[agent]
+        return self.task_of[mine], self.share[mine]
 
     def _considered(self, n_lo: F64, n_hi: F64) -> npt.NDArray[np.intp]:
         """Indices of the waiting requests that may be walked by a pack in the window: every
@@ -551,11 +604,10 @@ class Certificate:
         keep value holds, at least the prefix of that order the pack would take."""
         if not self.victims:
             return lambda need: False
-        keep_lo = np.array([self.tpot_lo * g + c for _, g, c, _ in self.victims]) * (1.0 - EPS)
-        frees_hi = np.array(
-            [base + g + steps + int(self._rt_hi[i]) for i, g, _, base in self.victims],
-            dtype=float,
-        )
+        g, fixed = self.v_generated, self.v_fixed
+        keep_lo = (self.tpot_lo * g + fixed) * (1.0 - EPS)
+        # (int() of a residual, never negative, is its floor)
+        frees_hi = self.v_base + g + steps + np.floor(np.array(self._rt_hi)[self.v_index])
         room = frees_hi > 0
         rate = np.where(room, keep_lo / np.where(room, frees_hi, 1.0), math.inf)
         order = np.argsort(rate, kind="stable")
@@ -570,9 +622,7 @@ class Certificate:
         # The pack takes victims cheapest first (`Topas._victims`' order) until they make
         # room: where that order cannot change over the window, the victims it takes are a
         # prefix of it, at least as long as with every one freeing its most.
-        keep_hi = np.array([self.tpot_hi * (g + steps) + c for _, g, c, _ in self.victims]) * (
-            1.0 + EPS
-        )
+        keep_hi = (self.tpot_hi * (g + steps) + fixed) * (1.0 + EPS)
         ordered = bool(np.all(keep_hi[:-1] < keep_lo[1:]))
         prefix_frees = np.cumsum(frees_hi)
         prefix_keep = np.cumsum(keep_lo)
