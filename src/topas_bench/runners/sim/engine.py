@@ -128,6 +128,8 @@ class Simulator:
         self.now = 0.0
         self.tasks: dict[str, TaskRun] = {}
         self.prefix_tokens = {a.name: a.prefix_tokens for a in workload.agents}
+        #: (tree version, agent -> its prefix's (GPU, host) tokens): the view's probes
+        self.prefix_probes: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
         #: `TpModelWorker.get_worker_info`: the longest request the server accepts.
         self.max_req_len = min(config.context_length - 1, config.kv_budget_tokens - 1)
         truths = {(t.id, s.id): s.output_tokens for t, s in workload.stages()}

@@ -141,10 +141,11 @@ def search(
     # is compared whenever the first step does not beat it): the concentrated alternative
     grown = frozenset[str]()
     for a in options:
-        bigger = grown | {a}
-        compared.append((score(grown).keep, score(bigger).keep, 0.0))
-        grown = bigger if score(bigger).score > score(grown).score else grown
-        best = _better(best, score(grown))
+        now, more = score(grown), score(grown | {a})
+        compared.append((now.keep, more.keep, 0.0))
+        if more.score > now.score:
+            grown, now = grown | {a}, more
+        best = _better(best, now)
     if must_admit and not best.pack.admits:
         # An idle server whose every set admits nothing (say, only absent prefixes wait and
         # none is in a set yet): the same pack, unrestricted, with every pin released.

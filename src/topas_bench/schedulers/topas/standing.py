@@ -59,7 +59,7 @@ LADDER = (1, 4, 16, 64, 256)
 EPS = 1e-9
 #: Bisections of the budget ceiling that keeps preemptions from paying, or a reservation
 #: refusing a backfill.
-CEILING_BISECTIONS = 8
+CEILING_BISECTIONS = 6
 #: A window's time limit, in step-time estimates per step (the engine also stops at `steps`).
 TIME_PER_STEP = 2.0
 
@@ -244,9 +244,16 @@ class Certificate:
         inp, agents = self.inp, self.agents
         prefixes = {a for a in agents if agents[a].tokens > 0}
         discount = inp.prefix_tokens  # a candidate's prefix part: resident, unlocked, unkept
-        n = len(self.agent_ix)
-        offsets = np.zeros((len(self.visited), n))
-        walks = np.zeros((len(self.visited), n), dtype=bool)
+        ix = self.agent_ix
+        n = len(ix)
+        member = np.zeros((len(self.visited), n), dtype=bool)  # agents in each set's keep
+        for s, keep in enumerate(self.visited):
+            member[s, [ix[a] for a in keep if a in ix]] = True
+        locked = np.zeros(n, dtype=bool)
+        locked[[ix[a] for a in inp.locked_agents if a in ix]] = True
+        kept = np.zeros(n, dtype=bool)
+        kept[[ix[a] for a in inp.kept_unlocked if a in ix]] = True
+        shared = np.array([a in prefixes for a in ix], dtype=bool)
         lo, hi = -math.inf, math.inf
         beta = self.p.beta if self.p.use_reuse else 0.0
         reuse = []
@@ -254,27 +261,24 @@ class Certificate:
         for s, keep in enumerate(self.visited):
             delta = pin_delta(inp, keep)
             deltas.append(float(delta))
-            paid = keep | inp.locked_agents | inp.kept_unlocked.keys()
-            allowed = keep | inp.locked_agents
-            for a, i in self.agent_ix.items():
-                offsets[s, i] = delta - (discount.get(a, 0) if a in paid else 0)
-                walks[s, i] = not self.p.joint or a in allowed or a not in prefixes
             if not self.acting[s]:  # an empty pack's score moves only with its swap-out
                 s_lo, s_hi = self._swap_bucket(keep, delta)
                 lo, hi = max(lo, s_lo), min(hi, s_hi)
             reuse.append(beta * sum(
-                agents[a].next_users * agents[a].reload_s for a in allowed if a in agents
+                agents[a].next_users * agents[a].reload_s
+                for a in keep | inp.locked_agents if a in agents
             ))  # fmt: skip
         self.deltas = np.array(deltas)
-        self.offsets, self.walks = offsets, walks
+        prefix = np.array([float(discount.get(a, 0)) for a in ix])
+        paid = member | locked | kept
+        self.offsets = self.deltas[:, None] - np.where(paid, prefix[None, :], 0.0)
+        allowed = member | locked
+        self.walks = allowed | ~shared[None, :] if self.p.joint else np.ones_like(allowed)
         #: the most reuse value a set's score can hold, whatever its pack brings in
         self.reuse_max = np.array(reuse)
         #: the least a request of each agent can cost a set's pack, over `offsets`: its
         #: agent's prefix paid (by a pin, a lock, or an earlier admission)
-        self.paid_offsets = (
-            self.deltas[:, None]
-            - np.array([float(discount.get(a, 0)) for a in self.agent_ix])[None, :]
-        )
+        self.paid_offsets = self.deltas[:, None] - prefix[None, :]
         self.swap_lo, self.swap_hi = lo, hi
         self.failed = "" if lo < hi else "swap-out"
         return lo < hi
@@ -369,7 +373,7 @@ class Certificate:
             fits_at = np.minimum(fits_at, paid_at.min(axis=0))
         gain_hi = n_hi[considered] * (h_hi * (1.0 + EPS))
         pays = self._preemption_test(gain_hi, steps)
-        if pays(fits_at - budget_hi):
+        if pays is not None and pays(fits_at - budget_hi):
             # a lower ceiling leaves more memory to free, so dearer victims: the highest
             # ceiling (bisected) at which no preemption can pay
             low, high = self.budget0 + margin, budget_hi
@@ -594,18 +598,25 @@ class Certificate:
             keep |= calm & (key_hi * (1.0 + EPS) >= threshold * (1.0 - EPS))
         return np.flatnonzero(keep)
 
-    def _preemption_test(self, gain_hi: F64, steps: int) -> Callable[[F64], bool]:
+    def _preemption_test(self, gain_hi: F64, steps: int) -> Callable[[F64], bool] | None:
         """2: whether some candidate's preemption may pay, given `need`, the least memory
         each would have to free (its cost less the budget ceiling). Its victims must free more
         than that: at least the p victims with the most frees (at their largest over the
         window) that together exceed it, so they cost at least the p cheapest keep values (at
         their least: tpot low, generated tokens as now), and at least the fractional cover of
         the need at the cheapest keep value per token freed; and where the victims' order by
-        keep value holds, at least the prefix of that order the pack would take."""
+        keep value holds, at least the prefix of that order the pack would take. None when no
+        preemption can pay at any need: no victims, or no gain beats the cheapest victim by
+        the margin."""
         if not self.victims:
-            return lambda need: False
+            return None
         g, fixed = self.v_generated, self.v_fixed
         keep_lo = (self.tpot_lo * g + fixed) * (1.0 - EPS)
+        margin = self.p.preempt_margin_s
+        top, cheapest_one = float(gain_hi.max(initial=0.0)), float(keep_lo.min())
+        # `pays` below with every gain at its largest and every value at its least
+        if top - cheapest_one * (1.0 - EPS) + EPS * (1.0 + top + abs(margin)) <= margin:
+            return None
         # (int() of a residual, never negative, is its floor)
         frees_hi = self.v_base + g + steps + np.floor(np.array(self._rt_hi)[self.v_index])
         room = frees_hi > 0
@@ -617,7 +628,6 @@ class Certificate:
         most_frees = np.cumsum(np.sort(frees_hi)[::-1])  # the p victims freeing most, p = 1..
         cheapest = np.cumsum(np.sort(keep_lo))  # the p cheapest keep values
         total = cum_frees[-1]
-        margin = self.p.preempt_margin_s
         last = len(cheapest) - 1
         # The pack takes victims cheapest first (`Topas._victims`' order) until they make
         # room: where that order cannot change over the window, the victims it takes are a
