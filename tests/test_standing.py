@@ -15,6 +15,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from topas_bench.runners.cluster.routers import Cluster, make_router
+from topas_bench.runners.cluster.sim import ClusterSim
 from topas_bench.runners.sglang_cpu.lockstep import budget_flip_config, budget_flip_workload
 from topas_bench.runners.sim import standing as sim_standing
 from topas_bench.runners.sim.config import SimConfig
@@ -32,7 +34,7 @@ WORKLOADS = ("chain3", "dag4", "dag10-wide", "metagpt-sop", "metagpt-tl")
 SMALL = {"chain3": 9000, "dag4": 9000, "dag10-wide": 9000, "metagpt-sop": 9000,
          "metagpt-tl": 14000}  # fmt: skip
 #: Tasks per run: enough for queues, preemptions and admissions held back by memory.
-TASKS = {"chain3": 30, "dag4": 24, "dag10-wide": 16, "metagpt-sop": 24, "metagpt-tl": 14}
+TASKS = {"chain3": 16, "dag4": 12, "dag10-wide": 8, "metagpt-sop": 12, "metagpt-tl": 8}
 #: Arrival rates, a multiple of each workload's default: queues, so that decisions stand.
 LOAD = 2.0
 #: (seed, KV budget, host tier tokens) of each setting.
@@ -115,6 +117,34 @@ def test_a_bound_one_step_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(sim_standing, "run_steps", late)
     assert differences(run(True), slow) != []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("replicas", "router", "kv"), [(3, "cache-aware", 0), (2, "round-robin", 14000)]
+)
+def test_fast_path_on_a_cluster(replicas: int, router: str, kv: int) -> None:
+    """Replicas cut their runs where a request reaches them (`runners.cluster.replica`): the
+    attempts a cut run covered are replayed as they were, the ratio decays as step by step."""
+    cost = CostModel(PRESET)
+    cfg = SimConfig(kv_budget_tokens=kv or PRESET.derived_kv_budget_tokens)
+    w = generate("metagpt-tl", num_tasks=16, seed=0,
+                 rate_per_s=run_defaults("metagpt-tl", {})[1] * replicas * LOAD)  # fmt: skip
+    prefixes = {a.name: a.prefix_tokens for a in w.agents}
+
+    def run(stand: bool) -> Any:
+        cluster = Cluster(replicas, kv_budget_tokens=cfg.kv_budget_tokens,
+                          prefix_tokens=prefixes, cost=cost)  # fmt: skip
+        policies = [make_policy("topas") for _ in range(replicas)]
+        sim = ClusterSim(w, policies, cost, cfg, make_router(router, cluster))
+        for r in sim.replicas:
+            r.stand = stand
+        return sim.run()
+
+    fast, slow = run(True), run(False)
+    for name in ("requests", "tasks"):
+        assert fast.table(name).equals(slow.table(name)), name
+    assert len(fast.table("decisions")) < len(slow.table("decisions"))
 
 
 class Auditor:

@@ -176,6 +176,15 @@ class Standing:
         )
 
 
+class ProvesStanding(Protocol):
+    """The lazy form of `Decision.stands`: called at most once, right after the decision and
+    before anything changes (the engine's state still the one the policy saw), with the most
+    decode steps the engine could use (until its own next event, or as many as it likes when
+    it cannot tell); returns how long the decision stands, at most that, or None."""
+
+    def __call__(self, steps: int) -> Standing | None: ...
+
+
 #: Tokens of slack on each side of a `Standing`'s budget range: far above the rounding of a
 #: sum of a few hundred reservations, far below one token.
 BUDGET_MARGIN = 1e-6
@@ -194,10 +203,12 @@ class Decision:
     prefetch: agents whose prefix, where the host tier holds it, is loaded back to the GPU now,
         overlapped with serving (in order, until one does not fit); a simulator host-tier
         operation, which engines without a host tier ignore.
-    stands: how long the decision stands (`Standing`); None (the default): the engine asks
-        at every scheduling point. Only a decision that admits and preempts nothing, sets no
-        `prefix_priority` and no `prefetch` is reused; ordering policies need none (they are
-        asked only at prefill attempts the engine makes anyway).
+    stands: how long the decision stands (`Standing`), or a function that says so when asked
+        (`ProvesStanding`: the proof may cost more than the decision, and is paid only where an
+        engine can use it); None (the default): the engine asks at every scheduling point.
+        Only a decision that admits and preempts nothing, sets no `prefix_priority` and no
+        `prefetch` is reused; ordering policies need none (they are asked only at prefill
+        attempts the engine makes anyway).
     """
 
     admit: Sequence[RequestView] = ()
@@ -205,7 +216,13 @@ class Decision:
     keep_prefixes: frozenset[str] | None = None
     prefix_priority: Mapping[str, int] | None = None
     prefetch: Sequence[str] = ()
-    stands: Standing | None = None
+    stands: Standing | ProvesStanding | None = None
+
+    def standing(self, steps: int) -> Standing | None:
+        """`stands` as a `Standing`, asking for at most `steps` decode steps if it is a
+        function (call once per decision: a proof is not free)."""
+        s = self.stands
+        return s if s is None or isinstance(s, Standing) else s(steps)
 
     @property
     def reusable(self) -> bool:
@@ -353,6 +370,7 @@ __all__ = [
     "Policy",
     "PrefixLocation",
     "PrefixView",
+    "ProvesStanding",
     "RequestView",
     "ServiceEstimator",
     "StageState",

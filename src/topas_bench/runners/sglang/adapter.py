@@ -34,6 +34,7 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sglang.srt.managers.schedule_batch import (  # type: ignore[import-not-found]
@@ -62,6 +63,8 @@ SGLANG_VERSION = "0.5.23"
 #: Called after every decision with (wall seconds, waiting requests, the decision).
 DecisionHook = Callable[[float, int, Decision], None]
 STATUS_EVERY = 1000  # decisions between status lines in the server log
+#: Decode steps a standing decision is asked to cover on a server (`Decision.standing`).
+STANDING_STEPS = 256
 logger = logging.getLogger("topas_bench.sglang")
 
 
@@ -136,10 +139,13 @@ class Bridge:
         decision = self.stands(state, running)
         if decision is None:
             decision = self.ask(waiting_queue, running)
-            reusable = isinstance(decision.stands, Standing) and decision.reusable
-            self.standing = (
-                (decision, state, len(running[0].output_ids)) if reusable and running else None
-            )
+            self.standing = None
+            if self.reuse and decision.reusable and running:
+                # a real server cannot tell its next event: the longest proof the policy gives
+                stands = self.guard.standing(decision, STANDING_STEPS)
+                if stands is not None:
+                    standing = replace(decision, stands=stands)
+                    self.standing = (standing, state, len(running[0].output_ids))
         by_id = {r.rid: r for r in waiting_queue}
         first = [
             by_id.pop(req.engine.rid)
@@ -197,7 +203,7 @@ class Bridge:
             return None
         decision, decided, generated = last
         stands = decision.stands
-        if state != decided or stands is None:
+        if state != decided or not isinstance(stands, Standing):
             return None
         steps = len(running[0].output_ids) - generated
         budget = self.remaining_total(running)

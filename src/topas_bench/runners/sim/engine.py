@@ -618,7 +618,7 @@ class Simulator:
         if attempt and stand is not None and stand.marker == standing.marker(self):
             # the attempts until the next one the decision does not cover: never evict
             k = min(min(r.remaining_output for r in self.running), self.free_tokens // b)
-            k = max(min(k, stand.stands.steps + 1), 1)
+            k = max(k, 1)
         elif not attempt:
             k = min(r.remaining_output for r in self.running)
             k = max(min(k, (self.free_tokens + self.cache.evictable_tokens) // b), 1)

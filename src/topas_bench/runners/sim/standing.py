@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from topas_bench.schedulers.base import BUDGET_MARGIN, Decision, Standing
+from topas_bench.schedulers.base import BUDGET_MARGIN, Decision
 from topas_bench.workloads.model import agent_key
 
 if TYPE_CHECKING:
@@ -46,7 +46,6 @@ class Stand:
     """A decision the last attempt made, that the decode run after it may stand on."""
 
     decision: Decision
-    stands: Standing
     head: SimRequest  # the waiting queue's head, which every attempt matches first
     marker: Marker  # the state the policy decided on
     pin_at: float  # an attempt pins a kept, resident, unpinned prefix once the budget is this
@@ -69,12 +68,9 @@ def marker(sim: Simulator) -> Marker:
 def offer(sim: Simulator, decision: Decision, decided: Marker | None) -> Stand | None:
     """The stand an attempt offers that decided `decision` on state `decided` and admitted
     nobody."""
-    stands = decision.stands
     if (
-        stands is None
-        or decided is None
+        decided is None
         or not decision.reusable
-        or stands.steps < 1
         or sim.trace is not None
         or sim.chunked is not None
         or not sim.waiting
@@ -91,7 +87,7 @@ def offer(sim: Simulator, decision: Decision, decided: Marker | None) -> Stand |
             # admission budget; an agent a running request uses costs nothing)
             in_use = any(r.agent == agent for r in sim.running)
             pin_at = min(pin_at, 0 if in_use else tokens)
-    return Stand(decision, stands, sim.waiting[0], decided, pin_at)
+    return Stand(decision, sim.waiting[0], decided, pin_at)
 
 
 def run_steps(
@@ -102,8 +98,11 @@ def run_steps(
     ends: npt.NDArray[np.float64],
 ) -> int:
     """How many of the `k` planned decode steps may run before an attempt the stand does not
-    cover: the attempt after step j (j = 1 .. k - 1) must hold (`Standing.holds`)."""
-    s = stand.stands
+    cover: the decision's standing, asked for the `k - 1` attempts the run could cover, must
+    hold at the attempt after step j (j = 1 .. k - 1, `Standing.holds`)."""
+    s = stand.decision.standing(k - 1) if k > 1 else None
+    if s is None:
+        return 1
     k = min(k, s.steps + 1)
     if k <= 1:
         return 1

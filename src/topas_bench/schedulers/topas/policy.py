@@ -49,8 +49,8 @@ class Topas(Policy):
         self._path_memo: dict[str, tuple[int, int, TaskPath]] = {}
         self._unloaded: dict[str, float] = {}  # task id -> its critical path when first seen
         self._unloaded_sum = 0.0
-        #: How each decision ended: acting, idle, standing (by window), or why it could not
-        #: stand (`standing.Certificate.failed`): diagnostics for benchmarks.
+        #: How each decision ended: acting, idle, paths stale; and of those an engine asked to
+        #: prove, standing (by window) or why not (`standing.Certificate.failed`): diagnostics.
         self.standings: Counter[str] = Counter()
 
     @property
@@ -111,10 +111,10 @@ class Topas(Policy):
             self.standings["acts" if view.running else "idle"] += 1
         elif pool.stale_left:
             self.standings["paths stale"] += 1
-        else:
-            cert = Certificate(view, self.p, pool, inputs, agents, choice, self._credit)
-            stands = cert.standing()
-            self.standings[f"stands {stands.steps}" if stands else cert.failed] += 1
+        else:  # proved only when an engine asks (`base.ProvesStanding`)
+            stands = Certificate(
+                view, self.p, pool, inputs, agents, choice, self._credit, self.standings
+            ).standing
         return Decision(
             admit=[c.req for c in pack.admits],
             preempt=[v.req for v in pack.preempts],

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -120,6 +121,7 @@ class Certificate:
         agents: Mapping[str, AgentInfo],
         choice: Choice,
         credit: Mapping[int, float],
+        tally: Counter[str] | None = None,
     ) -> None:
         self.view = view
         self.p = p
@@ -132,6 +134,7 @@ class Certificate:
         self.acting = np.array([bool(c.pack.admits or c.pack.preempts) for c in choice.visited])
         self.comparisons = choice.comparisons
         self.credit = credit
+        self.tally = tally  # how each proof ended (the policy's diagnostics)
         est = view.estimator
         self.tpot = est.tpot_s
         self.tpot_lo = self.tpot_hi = self.tpot
@@ -145,8 +148,16 @@ class Certificate:
         self.failed = ""
 
     # -- the window ----------------------------------------------------------------------
-    def standing(self) -> Standing | None:
-        """The longest window of `LADDER` the decision provably stands for, or None."""
+    def standing(self, steps: int = LADDER[-1]) -> Standing | None:
+        """The longest window of `LADDER` (cut at `steps`) the decision provably stands for,
+        or None (`base.ProvesStanding`)."""
+        self.ladder = (*(k for k in LADDER if k < steps), min(steps, LADDER[-1]))
+        found = self._prove() if steps >= 1 else None
+        if self.tally is not None:
+            self.tally[f"stands {found.steps}" if found else (self.failed or "none")] += 1
+        return found
+
+    def _prove(self) -> Standing | None:
         if not self.visited or not self.running:
             return None
         if not self._prepare():
@@ -154,24 +165,24 @@ class Certificate:
             return None
         # the usual answer first: the longest window at the widest band
         self._band(TPOT_BANDS[0])
-        best = self._window(LADDER[-1])
+        best = self._window(self.ladder[-1])
         if best is not None:
             return best
         # then the shortest window at the narrowest band: if that fails, every one does
         self._band(TPOT_BANDS[-1])
-        if self._window(LADDER[0]) is None:
+        if self._window(self.ladder[0]) is None:
             return None
         for band in TPOT_BANDS:  # the widest band that stands one step
             self._band(band)
-            best = self._window(LADDER[0])
+            best = self._window(self.ladder[0])
             if best is not None:
                 break
         # the longest window of the ladder that stands at that band: bisecting between the
         # longest known to stand and the shortest not
-        good, bad = 0, len(LADDER) - (1 if band == TPOT_BANDS[0] else 0)
+        good, bad = 0, len(self.ladder) - (1 if band == TPOT_BANDS[0] else 0)
         while bad - good > 1:
-            mid = len(LADDER) - 1 if bad == len(LADDER) else (good + bad) // 2
-            found = self._window(LADDER[mid])
+            mid = len(self.ladder) - 1 if bad == len(self.ladder) else (good + bad) // 2
+            found = self._window(self.ladder[mid])
             if found is None:
                 bad = mid
             else:
