@@ -55,7 +55,7 @@ from topas_bench.schedulers.topas.search import AgentInfo, Choice
 #: widest that stands one step is kept (the estimate drifts slowly between batch changes).
 TPOT_BANDS = (0.1, 0.03, 0.01, 0.003)
 #: Windows tried, in decode steps, shortest first: the longest that passes stands.
-LADDER = (1, 4, 16, 64, 256)
+LADDER = (1, 4, 16, 64, 256, 1024)
 #: Relative slack for rounding: a comparison closer than this is taken as able to flip.
 EPS = 1e-9
 #: Bisections of the budget ceiling that keeps preemptions from paying, or a reservation
