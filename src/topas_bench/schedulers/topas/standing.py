@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from topas_bench.schedulers.base import BUDGET_MARGIN, EngineView, RequestView, Standing
-from topas_bench.schedulers.topas.pack import Candidate, PackInputs, _earliest_fit, pin_delta
+from topas_bench.schedulers.topas.pack import Candidate, PackInputs, _earliest_fit
 from topas_bench.schedulers.topas.params import TopasParams
 from topas_bench.schedulers.topas.paths import TaskPath
 from topas_bench.schedulers.topas.search import AgentInfo, Choice
@@ -265,28 +265,25 @@ class Certificate:
         kept = np.zeros(n, dtype=bool)
         kept[[ix[a] for a in inp.kept_unlocked if a in ix]] = True
         shared = np.array([a in prefixes for a in ix], dtype=bool)
-        lo, hi = -math.inf, math.inf
-        beta = self.p.beta if self.p.use_reuse else 0.0
-        reuse = []
-        deltas = []
-        for s, keep in enumerate(self.visited):
-            delta = pin_delta(inp, keep)
-            deltas.append(float(delta))
-            if not self.acting[s]:  # an empty pack's score moves only with its swap-out
-                s_lo, s_hi = self._swap_bucket(keep, delta)
-                lo, hi = max(lo, s_lo), min(hi, s_hi)
-            reuse.append(beta * sum(
-                agents[a].next_users * agents[a].reload_s
-                for a in keep | inp.locked_agents if a in agents
-            ))  # fmt: skip
-        self.deltas = np.array(deltas)
         prefix = np.array([float(discount.get(a, 0)) for a in ix])
+        unpin = np.array([float(inp.kept_unlocked.get(a, 0)) for a in ix])
+        # `pack.pin_delta` of each set: the pins it takes less the kept prefixes it releases
+        self.deltas = member @ prefix - (unpin.sum() - member @ unpin)
+        lo, hi = -math.inf, math.inf
+        for s, keep in enumerate(self.visited):
+            if not self.acting[s]:  # an empty pack's score moves only with its swap-out
+                s_lo, s_hi = self._swap_bucket(keep, int(self.deltas[s]))
+                lo, hi = max(lo, s_lo), min(hi, s_hi)
+        beta = self.p.beta if self.p.use_reuse else 0.0
+        value = np.array(
+            [agents[a].next_users * agents[a].reload_s if a in agents else 0.0 for a in ix]
+        )
         paid = member | locked | kept
         self.offsets = self.deltas[:, None] - np.where(paid, prefix[None, :], 0.0)
         allowed = member | locked
         self.walks = allowed | ~shared[None, :] if self.p.joint else np.ones_like(allowed)
         #: the most reuse value a set's score can hold, whatever its pack brings in
-        self.reuse_max = np.array(reuse)
+        self.reuse_max = beta * (allowed @ value) * (1.0 + EPS)
         #: the least a request of each agent can cost a set's pack, over `offsets`: its
         #: agent's prefix paid (by a pin, a lock, or an earlier admission)
         self.paid_offsets = self.deltas[:, None] - prefix[None, :]
