@@ -33,7 +33,7 @@ from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
 from topas_bench.schedulers.topas.search import AgentInfo, search
-from topas_bench.schedulers.topas.standing import Certificate, Pool, Rows
+from topas_bench.schedulers.topas.standing import Certificate, Pool
 
 
 class Topas(Policy):
@@ -178,15 +178,11 @@ class Topas(Policy):
         }
         density = self.p.density
         need, lock = view.admission_need, view.lock_cost
-        rows = Rows({tid: i for i, tid in enumerate(paths)})  # for the certificate
         for r in view.waiting:
-            share = paths[r.task_id].delta_share[r.stage_id]
-            gain = weight[r.task_id] * share
+            gain = weight[r.task_id] * paths[r.task_id].delta_share[r.stage_id]
             gains[r.rid] = gain
             agent_gain[r.agent] = agent_gain.get(r.agent, 0.0) + gain
-            starving = now - r.ready_s > limit
-            rows.add(r, share, starving)
-            if starving:
+            if now - r.ready_s > limit:
                 urgent.append(r)
                 continue
             key = gain
@@ -217,7 +213,7 @@ class Topas(Policy):
                 urgent=is_urgent,
             ))  # fmt: skip
         return Pool(
-            out, agent_gain, paths, rows, costs, unpaid, {r.rid for r in urgent}, stale_left,
+            out, agent_gain, paths, costs, unpaid, {r.rid for r in urgent}, stale_left,
             h_age if self.p.use_aging else 0.0, limit,
         )  # fmt: skip
 

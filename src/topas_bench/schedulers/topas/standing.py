@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from topas_bench.schedulers.base import BUDGET_MARGIN, EngineView, RequestView, Standing
+from topas_bench.schedulers.base import BUDGET_MARGIN, EngineView, Standing
 from topas_bench.schedulers.topas.pack import Candidate, PackInputs, _earliest_fit
 from topas_bench.schedulers.topas.params import TopasParams
 from topas_bench.schedulers.topas.paths import TaskPath
@@ -68,29 +68,24 @@ F64 = npt.NDArray[np.float64]
 
 
 class Rows:
-    """Each waiting request as the certificate reads it, in `view.waiting` order, gathered
-    while `Topas._candidates` walks the queue: its task's and its agent's index, its share
-    of its task's path reduction, and whether it is starving."""
+    """Each waiting request as the certificate reads it, in `view.waiting` order: its task's
+    and its agent's index, its share of its task's path reduction, and whether it is
+    starving (as `Topas._candidates` found it)."""
 
     __slots__ = (
         "agent_index", "agent_of", "requests", "share", "starving", "task_index", "task_of",
     )  # fmt: skip
 
-    def __init__(self, task_index: dict[str, int]) -> None:
-        self.task_index = task_index
+    def __init__(self, view: EngineView, pool: Pool) -> None:
+        self.task_index = {tid: i for i, tid in enumerate(pool.paths)}
         self.agent_index: dict[str, int] = {}
-        self.requests: list[RequestView] = []
-        self.task_of: list[int] = []
-        self.agent_of: list[int] = []
-        self.share: list[float] = []
-        self.starving: list[bool] = []
-
-    def add(self, r: RequestView, share: float, starving: bool) -> None:
-        self.requests.append(r)
-        self.task_of.append(self.task_index[r.task_id])
-        self.agent_of.append(self.agent_index.setdefault(r.agent, len(self.agent_index)))
-        self.share.append(share)
-        self.starving.append(starving)
+        self.requests = list(view.waiting)
+        self.task_of = [self.task_index[r.task_id] for r in self.requests]
+        ix = self.agent_index
+        self.agent_of = [ix.setdefault(r.agent, len(ix)) for r in self.requests]
+        paths = pool.paths
+        self.share = [paths[r.task_id].delta_share[r.stage_id] for r in self.requests]
+        self.starving = [r.rid in pool.urgent for r in self.requests]
 
 
 @dataclass(slots=True)
@@ -100,7 +95,6 @@ class Pool:
     ranked: list[Candidate]
     agent_gain: dict[str, float]
     paths: dict[str, TaskPath]
-    rows: Rows  # the waiting requests, for the certificate
     costs: dict[int, int]  # rid -> admission need + lock cost (where computed)
     unpaid: dict[str, int]  # agent -> prefix tokens a request of it would pay
     urgent: set[int]  # rids past the starvation limit
@@ -195,9 +189,9 @@ class Certificate:
     def _prepare(self) -> bool:
         """What does not depend on the window's length; False if nothing can stand."""
         view, pool, p = self.view, self.pool, self.p
+        self.rows = rows = Rows(view, pool)
         self.until_starve = math.inf
         if pool.limit < math.inf:
-            rows = pool.rows
             ready = [r.ready_s for r, late in zip(rows.requests, rows.starving, strict=True)
                      if not late]  # fmt: skip
             ready += [  # running requests that may still be preempted
@@ -219,7 +213,6 @@ class Certificate:
         if pool.h_age > 0:
             waited = np.maximum(self.now - self.arrival, 0.0)
             self.aging_now = 1.0 + p.rho * np.log1p(waited / pool.h_age)
-        rows = pool.rows
         self.agent_ix = rows.agent_index  # (extended by agents with nothing waiting)
         for a in self.agents:
             self.agent_ix.setdefault(a, len(self.agent_ix))
@@ -506,7 +499,7 @@ class Certificate:
     def _service_lo(self, i: int) -> float:
         """The least expected service of waiting request i over the window (its prefill, and
         its expected output at the low step time): when admitting it would give memory back."""
-        r = self.pool.rows.requests[i]
+        r = self.rows.requests[i]
         est = self.view.estimator
         out = est.residual_tokens(r.agent, r.kind, r.generated, (r.task_id, r.stage_id))
         prefill = est.prefill_s(max(r.prompt_tokens + r.generated, 1), 0)
