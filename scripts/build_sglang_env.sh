@@ -16,11 +16,18 @@ VENV=${1:-$ROOT/.venvs/sglang}
 PYTHON=${PYTHON:-python3.11}
 SGLANG_VERSION=0.5.23
 TORCH_VERSION=2.13.0+cpu
+# PyTorch's CPU builds (`+cpu`) are not on PyPI: they come from PyTorch's own CPU wheel index.
+# The first attempt uses pip's configured sources only (a machine that keeps the wheel on disk,
+# e.g. through PIP_FIND_LINKS, installs it offline); when they do not hold it (a GitHub runner:
+# PyPI answers "no matching distribution" at once) the second asks TORCH_INDEX. Set TORCH_INDEX
+# to a mirror if needed.
+TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
-"${PIP[@]}" "torch==$TORCH_VERSION"
+"${PIP[@]}" "torch==$TORCH_VERSION" 2>/dev/null \
+    || "${PIP[@]}" --extra-index-url "$TORCH_INDEX" "torch==$TORCH_VERSION"
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
 "${PIP[@]}" --no-deps -r "$HERE/sglang-$SGLANG_VERSION-cpu.txt"
 # The project and its own (light) dependencies; torch stays the CPU wheel.

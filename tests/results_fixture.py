@@ -11,6 +11,7 @@ four tasks each) and a second chain3 group at load 0.6, with these JCTs (seconds
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -35,10 +36,12 @@ COUNTERS = (
 RATES = {0.8: 0.2, 0.6: 0.15}
 
 
-def identity(scheduler: str, seed: int, load: float = 0.8, workload: str = "chain3") -> RunIdentity:
+def identity(
+    scheduler: str, seed: int, load: float = 0.8, workload: str = "chain3", kv: int = 18_692
+) -> RunIdentity:
     return RunIdentity(
         workload=workload, num_tasks=4, rate_per_s=RATES[load], seed=seed, scheduler=scheduler,
-        preset="a100-qwen32b", kv_budget_tokens=18_692,
+        preset="a100-qwen32b", kv_budget_tokens=kv,
     )  # fmt: skip
 
 
@@ -51,8 +54,9 @@ def write_one(
     load: float = 0.8,
     digest: str | None = None,
     workload: str = "chain3",
+    kv: int = 18_692,
 ) -> Path:
-    ident = identity(scheduler, seed, load, workload)
+    ident = identity(scheduler, seed, load, workload, kv)
     arrival = [float(i) for i in range(len(jcts))]
     tasks = pd.DataFrame({
         "task_id": [f"t{i:04d}" for i in range(len(jcts))], "workflow": workload,
@@ -70,7 +74,7 @@ def write_one(
         [(float(i), w, 1, 1, 0) for i, w in enumerate(DECISION_WALL_S)], columns=DECISION_COLUMNS
     )
     tables = {
-        "tasks": tasks, "requests": pd.DataFrame(columns=REQUEST_COLUMNS),
+        "tasks": tasks, "requests": _requests(tasks),
         "timeline": timeline, "decisions": decisions,
     }  # fmt: skip
     info = {
@@ -79,8 +83,23 @@ def write_one(
         "workload_digest": digest or f"{workload}-{load}-{seed}",
     }  # fmt: skip
     run_dir = ident.run_dir(root)
-    write_run(run_dir, ident, tables, info)
+    write_run(run_dir, ident, tables, info, jct_floor_s=dict.fromkeys(tasks["task_id"], 0.0))
     return run_dir
+
+
+def _requests(tasks: pd.DataFrame) -> pd.DataFrame:
+    """Three calls per task, one after another, filling its JCT (the cell must pass
+    `invariants.check_cell`)."""
+    rows: list[tuple[Any, ...]] = []
+    for t in tasks.to_dict("records"):
+        a0, jct, end = float(t["arrival_s"]), float(t["jct_s"]), float(t["finish_s"])
+        cuts = [a0 + jct * k / 3 for k in range(3)] + [end]
+        for k in range(3):
+            a, b = cuts[k], cuts[k + 1]
+            first = a + (b - a) / 4  # a TTFT above 0: request metrics compare as ratios
+            row = (len(rows), t["task_id"], f"s{k}", "A", "", 100, 10, 0, a, a, a, first, b, 0)
+            rows.append((*row, b - a, "ok"))
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
 
 def write_fixture(root: Path) -> Path:

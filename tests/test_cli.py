@@ -1,4 +1,4 @@
-"""The `topas-bench` command line, driven through typer's CliRunner (STYLE 10)."""
+"""The `topas-bench` command line, driven through typer's CliRunner, as a user calls it."""
 
 from __future__ import annotations
 
@@ -94,9 +94,13 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]
 def test_run_prints_the_plan(default_run: tuple[Result, Path]) -> None:
     result, _ = default_run
     assert load_preset("a100-qwen32b").derived_kv_budget_tokens == A100_BUDGET
-    assert TL_RATE == 0.0047
+    assert TL_RATE == 0.0033
     out = text(result)
-    assert "workload metagpt-tl: 6 tasks, seed 0, Poisson rate 0.0047 tasks/s" in out
+    assert "workload metagpt-tl: 6 tasks, seed 0, Poisson rate 0.0033 tasks/s" in out
+    assert (
+        "lengths: max_tokens=cap (every call sends max_tokens 4,096 and ends at EOS: policies "
+        "see the cap, not the lengths)"
+    ) in out
     assert (
         "engine sim, preset a100-qwen32b (A100-SXM4-80GB, Qwen2.5-32B-Instruct), "
         "KV budget 18,692 tokens (derived: 80 GB x 0.88 - 65.5 GB weights, 256 KiB/token; "
@@ -146,12 +150,12 @@ def test_run_writes_tables_and_run_json_matching_the_output(
             "kv_budget_tokens": A100_BUDGET,
             "engine": "sim",
             "engine_version": engine_version("sim"),
-            "workload_params": {},
+            "workload_params": {"max_tokens": "cap", "max_tokens_cap": 4096},
             "scheduler_params": {},
             "engine_params": {},
         }
         digest = RunIdentity(**m["identity"]).digest
-        assert run_dir.name == f"sim-a100-qwen32b-kv18692-r0.0047-n6-s0-{digest}"
+        assert run_dir.name == f"sim-a100-qwen32b-kv18692-r{TL_RATE:g}-n6-s0-{digest}"
         row = table[name]
         assert {k: row[k] for k in printed(m["summary"])} == printed(m["summary"])
         assert row["sim s"] == f"{m['sim_time_s']:,.0f}"
@@ -252,7 +256,7 @@ def test_suggested_minimum_budget_is_enough(tmp_path: Path) -> None:
     assert result.exit_code == 2
     # chain3's largest call: 4,096 prefix + 256 input or output, + 256 output; SGLang clips
     # max_new_tokens to budget - prompt - 2, which must leave the whole output
-    assert "(prompt 4,352 + output 256 tokens)" in result.stderr
+    assert "(prompt 4,352 + output 256 + 2 spare tokens = 4,610)" in result.stderr
     found = re.search(r"raise --kv-budget to at least ([\d,]+)", result.stderr)
     assert found is not None
     least = int(found.group(1).replace(",", ""))
@@ -283,7 +287,7 @@ BAD_RUNS = [
     (
         ("--kv-budget", "100"),
         "KV budget of 100 tokens is smaller than the largest call in 'chain3' (prompt 4,352 + "
-        "output 256 tokens); raise --kv-budget to at least 4,610",
+        "output 256 + 2 spare tokens = 4,610); raise --kv-budget to at least 4,610",
     ),
     (("--length-hint", "foo"), "--length-hint must be `none` or `oracle`, got 'foo'"),
     (("--engine", "foo"), "unknown engine 'foo'; known: sim"),
@@ -415,10 +419,13 @@ def test_workloads_show() -> None:
         assert f"│ {agent} │ 4,096 │" in out
     assert "task t0000 (4 calls)" in out
     # Segment keys print as they are (rich would otherwise render `:A:`/`:B:` as emoji).
-    assert "│ s1 │ B │ B │ s0 │ agent:B:4096, t0000/s0/out:256 │ 4,352 │ 256 │ 0 │" in out
+    assert "│ s1 │ B │ B │ s0 │ agent:B:4096, t0000/s0/out:256 │ 4,352 │ 256 │ 256 │ 0 │" in out
+    assert "max_tokens = exact" in out
     assert "│ s3 │ D │ D │ s1,s2 │ agent:D:4096, t0000/s1/out:256, t0000/s2/out:256 │" in out
     assert "prefix_tokens = 4096" in out
 
+    capped = text(ok("workloads", "show", "dag4", "--workload-param", "max_tokens=cap"))
+    assert "│ 4,352 │ 256 │ 4,096 │ 0 │" in capped  # the cap sent, the true output kept
     custom = text(ok("workloads", "show", "dag4", "--workload-param", "prefix_tokens=100"))
     assert "│ A │ 100 │" in custom
     assert "prefix_tokens = 100" in custom
@@ -585,3 +592,21 @@ def test_saturation_takes_range_parameters() -> None:
         "metagpt-sop", (("prd_tokens", (250, 350)),), pre, pre.derived_kv_budget_tokens
     )
     assert f"fcfs  {want:.5f} tasks/s" in result.stdout
+
+
+# -- small things a new user meets -----------------------------------------------------------
+def test_version() -> None:
+    from topas_bench import __version__
+
+    assert ok("--version").stdout.strip() == f"topas-bench {__version__}"
+
+
+def test_default_rate_on_another_setting_warns_and_suggests_load(tmp_path: Path) -> None:
+    base = ("run", "-w", "chain3", "-s", "fcfs", "-n", "2", "--out", tmp_path)
+    other = ok(*base, "--preset", "h100-llama8b")
+    said = " ".join(other.stderr.split())
+    assert "warning: chain3's default rate" in said and "--load 0.8" in said
+    assert "h100-llama8b, 414,581 tokens" in said
+    assert "warning" in " ".join(ok(*base, "--kv-budget", "30000").stderr.split())
+    for quiet in ((), ("--rate", "0.1"), ("--kv-budget", str(A100_BUDGET))):
+        assert "warning" not in ok(*base, *quiet).stderr

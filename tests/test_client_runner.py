@@ -88,16 +88,29 @@ class H(BaseHTTPRequestHandler):
             return self.reply(503, {"error": "warming up"})
         if fail_stage and meta.get("stage") == fail_stage:
             return self.reply(400, {"error": "refused"})
+        # the model's EOS comes 30 tokens after `min_tokens` unless `ignore_eos`; the cap stops it
         n = body["max_tokens"]
+        if not body.get("ignore_eos"):
+            n = min(n, body.get("min_tokens", 0) + 30)
+        every = (body.get("stream_options") or {}).get("continuous_usage_stats")
+        prompt = len(body["prompt"].split()) + 1
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        for _ in range(n):
+        for i in range(n):
             time.sleep(0.002)
             ev = {"choices": [{"index": 0, "text": " x"}]}
-            self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
-            self.wfile.flush()
-        usage = {"prompt_tokens": len(body["prompt"].split()) + 1, "completion_tokens": n,
+            if every:
+                ev["usage"] = {"prompt_tokens": prompt, "completion_tokens": i + 1}
+            try:
+                self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                self.wfile.flush()
+            except OSError:  # the client left: SGLang aborts the request
+                if log:
+                    with open(log + ".aborted", "a") as f:
+                        f.write(json.dumps({"sent": i}) + "\n")
+                return
+        usage = {"prompt_tokens": prompt, "completion_tokens": n,
                  "prompt_tokens_details": {"cached_tokens": 3}}
         self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
@@ -355,8 +368,8 @@ def test_serve_passes_args_and_plugin_env(tmp_path: Path) -> None:
     )
     script.chmod(0o755)
     res = CliRunner().invoke(
-        app, ["serve", "-s", "topas", "--scheduler-param", "beta=0.2", "--python", str(script),
-              "--", "--model-path", "/m", "--port", "30000"],
+        app, ["serve", "-s", "topas", "--scheduler-param", "topas.beta=0.2", "--python",
+              str(script), "--", "--model-path", "/m", "--port", "30000"],
     )  # fmt: skip
     assert res.exit_code == 7, res.output  # the server's own exit code
     assert seen.read_text().strip() == (
@@ -364,6 +377,12 @@ def test_serve_passes_args_and_plugin_env(tmp_path: Path) -> None:
     )
     bad = CliRunner().invoke(app, ["serve", "-s", "nope", "--python", str(script)])
     assert bad.exit_code == 2 and "unknown scheduler" in bad.output
+    # the same name.key=value form as `run`: a bare key or another scheduler's is refused
+    for param, says in (("beta=0.2", "expects scheduler.key=value, got 'beta'"),
+                        ("lpm.beta=0.2", "but this server runs 'topas'")):  # fmt: skip
+        argv = ["serve", "--scheduler-param", param, "--python", str(script)]
+        bad = CliRunner().invoke(app, argv)
+        assert bad.exit_code == 2 and says in bad.output, bad.output
 
 
 def test_an_interpreter_without_sglang_is_refused_before_launch(tmp_path: Path) -> None:
@@ -375,3 +394,26 @@ def test_an_interpreter_without_sglang_is_refused_before_launch(tmp_path: Path) 
     res = CliRunner().invoke(app, _run_args(tmp_path, "--model", str(tmp_path),
                                             "--server-python", sys.executable))  # fmt: skip
     assert res.exit_code == 2 and "--server-python" in res.output and "lacks sglang" in res.output
+
+
+def test_cap_mode_sends_the_cap_and_ends_at_the_stage_length(endpoint: str, tmp_path: Path) -> None:
+    """`max_tokens=cap`: each call sends the cap without `ignore_eos`, with `min_tokens` = its
+    output length and per-chunk usage; the client closes the stream at that length, so the
+    output is exact though the (fake) model would have gone on to its own EOS."""
+    out = tmp_path / "runs"
+    cap = ["--workload-param", "max_tokens=cap", "--workload-param", "max_tokens_cap=200"]
+    res = CliRunner().invoke(app, _run_args(out, "--endpoint", endpoint, *cap))
+    assert res.exit_code == 0, res.output
+    assert "lengths: max_tokens=cap (every call sends max_tokens 200" in res.output
+    req = pd.read_parquet(_cell(out) / "requests.parquet")
+    assert len(req) == 12 and (req["status"] == "ok").all()
+    assert (req["output_tokens"] == 6).all()
+    sent = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert all(b["max_tokens"] == 200 and b["min_tokens"] == 6 for b in sent)
+    assert not any(b.get("ignore_eos") for b in sent)
+    assert all(b["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+               for b in sent)  # fmt: skip
+    # the server saw each client leave before its EOS (6 + 30 tokens)
+    time.sleep(0.5)
+    aborted = (tmp_path / "requests.jsonl.aborted").read_text().splitlines()
+    assert len(aborted) == 12 and all(6 <= json.loads(a)["sent"] < 36 for a in aborted)

@@ -103,3 +103,28 @@ def test_client_against_vllm(vllm: tuple[str, Server], tmp_path: Path) -> None:
     # the small KV budget made vLLM preempt
     assert _metric(server, "vllm:num_preemptions") > 0
     assert json.loads((cell / "run.json").read_text())["summary"]["tasks"] == 6
+
+
+@pytest.mark.slow
+def test_cap_mode_against_vllm(vllm: tuple[str, Server], tmp_path: Path) -> None:
+    """`max_tokens=cap`: every call sends max_tokens 150 (all the 512-token context leaves the
+    largest prompt) without ignore_eos; vLLM honours `min_tokens` and per-chunk usage, and the
+    client ends each call at the workload's length, as vLLM counted it."""
+    _, server = vllm
+    out = tmp_path / "runs"
+    params = {**WPARAMS, "max_tokens": "cap", "max_tokens_cap": 150}
+    wp = [x for k, v in params.items() for x in ("--workload-param", f"{k}={v}")]
+    res = CliRunner().invoke(
+        app, ["run", "-w", "dag4", "-s", "fcfs", "-n", "6", "--rate", "20", "--engine", "sglang",
+              "--endpoint", server.url, "--out", str(out), *wp],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output + server.log_tail()
+    assert "max_tokens=cap" in res.output
+    (cell,) = (out / "dag4" / "fcfs").iterdir()
+    req = pd.read_parquet(cell / "requests.parquet")
+    w = generate("dag4", num_tasks=6, rate_per_s=20, seed=0, **params)
+    assert {s.max_new_tokens for _, s in w.stages()} == {150}
+    assert len(req) == 24 and (req["status"] == "ok").all(), req["status"].tolist()
+    want = {(t.id, s.id): (s.prompt_tokens, s.output_tokens) for t, s in w.stages()}
+    got = {(r.task_id, r.stage_id): (r.prompt_tokens, r.output_tokens) for r in req.itertuples()}
+    assert got == want

@@ -119,6 +119,7 @@ def test_missing_rows_are_unusable_input_unless_allowed(tree: Path, tmp_path: Pa
     assert "lacks 1 of the reference's rows" in output and "--allow-missing" in output
     code, output = invoke("compare", new, tree, "--allow-missing")
     assert code == 0 and "1 missing" in output
+    assert "missing   1 rows of the reference not in" in output and "topas-base" not in output
 
 
 def test_trees_are_compared_on_the_seeds_both_have(tree: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The cost model against DESIGN section 4's sanity anchors, and preset loading."""
+"""The cost model against docs/design.md section 4's sanity anchors, and preset loading."""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ CLI = [sys.executable, "-c", "from topas_bench.cli import main; main()"]
 
 #: Commands the docs show that need what CI does not have.
 NOT_RUN = {
-    "topas-bench sweep -c sweep.toml --executor ray --address 10.0.0.5:6379": "a Ray cluster",
+    "topas-bench sweep -c docs/examples/sweep.toml --executor ray --address 10.0.0.5:6379":
+        "a Ray cluster (tests/test_ray_address.py)",
     "topas-bench trace record --workflow sop --idea \"a 2048 game\" --base-url "
     "http://HOST:PORT/v1 --model MODEL -o calls.jsonl [--keep-text] [--run-tests]":
         "MetaGPT's venv and a model server (tests/test_metagpt_record.py covers it)",
@@ -35,9 +36,6 @@ NOT_RUN = {
         "an SGLang server (tests/test_client_*.py cover the client)",
     "topas-bench serve --scheduler topas -- --model-path /models/Qwen2.5-32B-Instruct "
     "--port 30000": "a GPU and SGLang",
-    "topas-bench calibrate runs/.../server.log --preset a100-qwen32b -o a100-qwen32b-cal.toml":
-        "an SGLang server log (tests/test_sglang_calibrate.py)",
-    "topas-bench run -w metagpt-tl --preset ./a100-qwen32b-cal.toml": "calibrate's output",
     "topas-bench sweep --config results/evaluation-paper.toml --out runs/eval-paper --compact -j 2":
         "the evaluation: 680 runs, about two core-hours (tests/test_sweep.py covers sweeps)",
     "topas-bench report runs/eval-paper --out results/evaluation-paper --allow-mixed-revisions":

@@ -50,7 +50,7 @@ def truncate(path: Path) -> None:
 def test_run_json_records_format_and_row_counts(tree: Path) -> None:
     meta = read_meta(identity("fcfs", 0).run_dir(tree))
     assert meta["results_format"] == RESULTS_FORMAT
-    assert meta["rows"] == {"requests": 0, "tasks": 4, "timeline": 4, "decisions": 3}
+    assert meta["rows"] == {"requests": 12, "tasks": 4, "timeline": 4, "decisions": 3}
 
 
 def test_a_failed_write_leaves_no_cell_and_no_leftovers(

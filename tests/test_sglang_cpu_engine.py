@@ -100,7 +100,7 @@ def test_fidelity_on_a_contended_workload(sglang_venv: None, tmp_path: Path) -> 
                               "--out", str(tmp_path)])  # fmt: skip
     assert res.exit_code == 0, res.stderr
     report = json.loads((tmp_path / "fidelity.json").read_text())
-    assert len(report["cells"]) == 4
+    assert len(report["cells"]) == 4 and report["command"].startswith("topas-bench ")
     for cell in report["cells"]:
         assert cell["mean_jct_diff"] == pytest.approx(0.0, abs=1e-9)
         assert cell["p99_jct_diff"] == pytest.approx(0.0, abs=1e-9)

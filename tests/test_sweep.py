@@ -55,6 +55,25 @@ def test_toml_with_several_sweeps(tmp_path: Path) -> None:
     assert c.loads == d.loads == (0.5,) and d.rates == () and d.num_tasks == 3
 
 
+def test_a_workloads_flag_drops_the_files_params_of_workloads_it_leaves_out(
+    tmp_path: Path,
+) -> None:
+    """results/reference.toml pins `max_tokens` for the MetaGPT workloads; `-w chain3` still
+    runs (the nightly's small check), and `-w metagpt-tl` keeps metagpt-tl's pin."""
+    path = tmp_path / "s.toml"
+    path.write_text(
+        '[[sweep]]\nworkloads = ["chain3", "metagpt-tl"]\nloads = [0.8]\n'
+        '[sweep.workload_params.metagpt-tl]\nmax_tokens = "exact"\n'
+    )  # fmt: skip
+    ((a, _),) = load_specs(read_toml(path), {"workloads": ["chain3"]}, str(path))
+    assert a.workloads == ("chain3",) and a.workload_params == {}
+    ((b, _),) = load_specs(read_toml(path), {"workloads": ["metagpt-tl"]}, str(path))
+    assert b.workload_params == {"metagpt-tl": {"max_tokens": "exact"}}
+    with pytest.raises(TopasError, match="`workload_params` for 'metagpt-tl', which is not in"):
+        path.write_text('workloads = ["chain3"]\n[workload_params.metagpt-tl]\nqa = "off"\n')
+        load_specs(read_toml(path), {}, str(path))  # a typo in the file is still an error
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -1,5 +1,5 @@
 """A workload trace file runs wherever a workload name is accepted (docs/workload-format.md),
-and `workloads validate` checks it against the format's JSON Schema."""
+and `workloads validate` checks it against the format (all its JSON Schema says, and more)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 from typer.testing import CliRunner
 
+from fuzz_targets import workload_files
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
 from topas_bench.experiment import plan_run, run_cell
@@ -19,6 +21,7 @@ from topas_bench.workloads.model import Task, Workload
 from topas_bench.workloads.registry import WORKLOADS, generate, resolve, run_defaults
 from topas_bench.workloads.schema import schema_problems
 from topas_bench.workloads.trace import (
+    TraceError,
     dump_workload,
     dumps_workload,
     load_workload,
@@ -182,3 +185,20 @@ def test_validate_reports_schema_problems_with_line_and_field(tmp_path: Path) ->
     )
     code, out = cli("workloads", "validate", EXAMPLE, "--kv-budget", "18692")
     assert code == 0 and "valid: 3 tasks, 9 calls, 2 agents" in out
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@given(workload_files)
+def test_the_checks_refuse_every_line_the_schema_refuses(text: str) -> None:
+    """Why `workloads validate` need not run the (slow) JSON Schema: on mutated traces, every
+    line the schema refuses, the checks refuse too (they are stricter: bounds, the DAG, keys)."""
+    try:
+        loads_workload(text)
+        flagged: set[int | None] = set()
+    except TraceError as e:
+        flagged = {p.line for p in e.problems}
+    first = next((n for n, line in enumerate(text.split("\n"), 1) if line.strip()), None)
+    if first in flagged:
+        return  # a header the checks stop at: the task lines are not looked at
+    assert {p.line for p in schema_problems(text)} <= flagged

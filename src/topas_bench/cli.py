@@ -20,12 +20,13 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from topas_bench import cli_analysis, cli_fidelity
+from topas_bench import cli_analysis, cli_fidelity, cli_site
 from topas_bench.cli_common import (
     check_out_dir,
     check_writable_file,
     err,
     handles_errors,
+    lists_problems,
     out,
     parse_assignments,
     parse_scheduler_params,
@@ -52,6 +53,30 @@ app.add_typer(schedulers_app, name="schedulers")
 app.add_typer(presets_app, name="presets")
 app.add_typer(trace_app, name="trace")
 app.add_typer(history_app, name="history")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from topas_bench import __version__
+
+        out.print(f"topas-bench {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Schedulers for multi-agent LLM serving: TOPAS, its baselines, an SGLang-faithful
+    simulator.
+
+    Example: topas-bench run --workload metagpt-tl --scheduler all
+    """
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -257,6 +282,11 @@ def run(
         print_sglang_plan(out, plan)
     else:
         print_plan(out, plan)
+    from topas_bench.experiment import default_rate_warning
+
+    warning = default_rate_warning(plan, rate_given=rate is not None)
+    if warning is not None:
+        err.print(warning, markup=False)
     results = []
     with Progress(
         TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
@@ -473,7 +503,7 @@ def workloads_saturation(
 
 
 @workloads_app.command("validate")
-@handles_errors
+@lists_problems
 def workloads_validate(
     path: Annotated[Path, typer.Argument(help="Trace file (JSONL).")],
     kv_budget: Annotated[
@@ -481,17 +511,17 @@ def workloads_validate(
         typer.Option("--kv-budget", help="Also check every call fits this KV budget (tokens)."),
     ] = None,
 ) -> None:
-    """Validate a trace file against the format's JSON Schema (docs/workload-format.md), then
-    its DAG, agents and keys; report every problem with its line and field.
+    """Validate a trace file (docs/workload-format.md): every line against the format (all its
+    JSON Schema says, and more), then the DAG, agents and keys; report every problem with its
+    line and field. Streams: memory stays small whatever the file's size. A .gz file or one
+    with a UTF-8 byte order mark is read as it is.
 
     Example: topas-bench workloads validate dag4.jsonl --kv-budget 18692
     """
-    from topas_bench.workloads.schema import validate_text
-    from topas_bench.workloads.trace import read_text
+    from topas_bench.workloads.trace import validate_file
 
-    w = validate_text(read_text(path), source=str(path), kv_budget_tokens=kv_budget)
-    calls = sum(len(t.stages) for t in w.tasks)
-    out.print(f"{path}: valid: {len(w.tasks)} tasks, {calls} calls, {len(w.agents)} agents")
+    s = validate_file(path, kv_budget_tokens=kv_budget)
+    out.print(f"{path}: valid: {s.tasks:,} tasks, {s.calls:,} calls, {s.agents} agents")
 
 
 # -- schedulers and presets -------------------------------------------------------------------
@@ -534,9 +564,10 @@ def presets_show(
     print_preset(out, load_preset(name))
 
 
-# sweep, report, figures, compare; fidelity; serve, calibrate: in their own modules.
+# sweep, report, figures, compare; fidelity; site; serve, calibrate: in their own modules.
 cli_analysis.register(app)
 cli_fidelity.register(app)
+cli_site.register(app)
 sglang_cli.register(app)
 
 

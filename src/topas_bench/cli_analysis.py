@@ -364,8 +364,13 @@ def compare(
                    key=lambda c: (not c.regressed, -abs(c.relative)))  # fmt: skip
     for c in moved:
         out.print(("REGRESSED " if c.regressed else "moved     ") + c.describe(), markup=False)
-    for m in result.missing:
-        out.print(f"missing   {m} (in the reference, not in {new})", markup=False)
+    if result.missing:  # allowed: a count, not one line per row (--allow-missing's point)
+        workloads = sorted({m.split(" ", 1)[0] for m in result.missing})
+        out.print(
+            f"missing   {len(result.missing)} rows of the reference not in {new} (workloads: "
+            f"{', '.join(workloads)}); without --allow-missing they are listed one per line",
+            markup=False,
+        )
     for note in result.notes:
         out.print(f"note      {note}", markup=False)
     out.print(

@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 
 from topas_bench.errors import TopasError
+from topas_bench.invariants import InvariantError
 from topas_bench.workloads.trace import TraceError
 
 # Wide enough for the JCT table when output is piped (rich assumes 80 columns there).
@@ -37,19 +38,37 @@ INTERNAL_ERROR = 70
 DEBUG_ENV = "TOPAS_BENCH_DEBUG"
 
 
-def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn library errors into one clear line and exit code 2 (a trace: every problem). An
-    unexpected exception is a bug: one line naming it and exit code 70, never a traceback
-    (unless $TOPAS_BENCH_DEBUG is set)."""
+def _error_handler(list_problems: bool) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        return _handled(fn, list_problems)
+
+    return decorate
+
+
+def _handled(fn: Callable[P, R], list_problems: bool) -> Callable[P, R]:
+    """`fn` with library errors turned into one clear line and exit code 2 (an invalid trace:
+    its first problem and how many there are, or, with `list_problems`, a line per problem).
+    An unexpected exception is a bug: one line naming it and exit code 70, never a traceback
+    (unless $TOPAS_BENCH_DEBUG is set); so is a result that breaks an invariant."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except TraceError as e:
-            err.print(f"error: {e.source}: {len(e.problems)} problem(s)", markup=False)
-            err.print(e.report(), markup=False)
+            if list_problems:
+                err.print(f"error: {e.source}: {e.count:,} problem(s)", markup=False)
+                err.print(e.report(), markup=False)
+            else:
+                more = e.count > 1 and e.source.endswith((".jsonl", ".gz"))
+                hint = f" (`topas-bench workloads validate {e.source}` lists them)" * more
+                err.print(f"error: {e}{hint}", markup=False)
             raise typer.Exit(2) from None
+        except InvariantError as e:  # a bug of an engine: the cell was not written
+            err.print(
+                f"internal error: {e}; the cell was not written; please report it", markup=False
+            )
+            raise typer.Exit(INTERNAL_ERROR) from None
         except TopasError as e:
             err.print(f"error: {e}", markup=False)
             raise typer.Exit(2) from None
@@ -74,6 +93,12 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(INTERNAL_ERROR) from None
 
     return wrapper
+
+
+#: Commands: errors as one line (`TraceError`: the first problem and the count).
+handles_errors = _error_handler(list_problems=False)
+#: Commands that check files (`workloads validate`, `trace import`): a line per trace problem.
+lists_problems = _error_handler(list_problems=True)
 
 
 def check_out_dir(path: Path, flag: str = "--out") -> Path:

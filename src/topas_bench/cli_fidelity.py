@@ -93,7 +93,8 @@ def fidelity(
     command = "topas-bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     path = report or out_dir / "fidelity.md"
     path.write_text(markdown(result, command))
-    (out_dir / "fidelity.json").write_text(json.dumps(as_json(result), indent=2) + "\n")
+    doc = {"command": command, **as_json(result)}  # the site shows what made it
+    (out_dir / "fidelity.json").write_text(json.dumps(doc, indent=2) + "\n")
     table = Table(title="sim against sglang-cpu", title_justify="left")
     for col in ("workload", "scheduler", "mean JCT diff", "p99 JCT diff", "hit diff", "order"):
         table.add_column(col, justify="left" if col in ("workload", "scheduler") else "right")

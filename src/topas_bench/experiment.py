@@ -31,8 +31,9 @@ from topas_bench.schedulers.registry import (
     make_policy,
 )
 from topas_bench.workloads.model import Stage, Workload
-from topas_bench.workloads.registry import generate, resolve, run_defaults
+from topas_bench.workloads.registry import DEFAULT_RATE_PRESET, generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
+from topas_bench.workloads.trace_parse import MAX_TIME_S, MAX_TOKENS
 
 #: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
 CAPACITY_PROBE_TASKS = 200
@@ -120,8 +121,13 @@ def plan_run(
     for name, value in (("--rate", rate_per_s), ("--load", load)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise TopasError(f"{name} must be a positive number, got {value}")
-    if kv_budget_tokens is not None and kv_budget_tokens < 1:
-        raise TopasError(f"--kv-budget must be a positive number of tokens, got {kv_budget_tokens}")
+    if kv_budget_tokens is not None and not 1 <= kv_budget_tokens <= MAX_TOKENS:
+        raise TopasError(
+            f"--kv-budget must be a positive number of tokens, got {kv_budget_tokens} (at most "
+            f"{MAX_TOKENS:,})"
+        )
+    if not 0 <= host_tier_tokens <= MAX_TOKENS:
+        raise TopasError(f"--host-tier-tokens must be 0..{MAX_TOKENS:,}, got {host_tier_tokens}")
     budget = kv_budget_tokens if kv_budget_tokens is not None else pre.derived_kv_budget_tokens
     sim = SimConfig(
         kv_budget_tokens=budget, length_hint=length_hint, host_tier_tokens=host_tier_tokens
@@ -134,6 +140,7 @@ def plan_run(
         own = workload == "trace"  # a trace file keeps its own arrival times
         default = run_defaults(workload, wparams)[1] * (1 if own else scale)
         rate = rate_per_s if rate_per_s is not None else default
+    check_span(num_tasks, rate, "--load" if load is not None else "--rate", load or rate_per_s)
     sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
     for name in sparams:
         if name not in schedulers:
@@ -163,6 +170,28 @@ def plan_run(
     )  # fmt: skip
 
 
+def check_span(num_tasks: int, rate_per_s: float, flag: str, given: float | None) -> None:
+    """Refuse a rate at which the tasks would arrive past `MAX_TIME_S` (about 31.7 years; the
+    clock loses the precision a run needs beyond it): their expected span is tasks / rate.
+    `flag` and `given` say where the rate came from (`--rate`, `--load`), for the message."""
+    if not (rate_per_s > 0 and num_tasks / rate_per_s > MAX_TIME_S):
+        return
+    need = num_tasks / MAX_TIME_S  # the least rate
+    if flag == "--load" and given is not None:
+        said, fix = (
+            f"--load {given:g} (a rate of {rate_per_s:.3g} tasks/s)",
+            f"--load {given * need / rate_per_s:.3g}",
+        )
+    elif given is not None:
+        said, fix = f"--rate {given:g}", f"--rate {need:.3g}"
+    else:
+        said, fix = f"the default rate {rate_per_s:.3g} tasks/s", f"--rate {need:.3g}"
+    raise TopasError(
+        f"{said}: {num_tasks:,} tasks would arrive over about {num_tasks / rate_per_s:.3g} s, "
+        f"past the {MAX_TIME_S:g} s (31.7 years) a run's clock resolves; give at least {fix}"
+    )
+
+
 def cluster_config(
     replicas: int | None, router: str | None, router_params: Mapping[str, Any] | None
 ) -> ClusterConfig | None:
@@ -172,6 +201,24 @@ def cluster_config(
             raise TopasError("--router and --router-param need --replicas N")
         return None
     return ClusterConfig(replicas, router or DEFAULT_ROUTER, dict(router_params or {}))
+
+
+def default_rate_warning(plan: RunPlan, rate_given: bool) -> str | None:
+    """A warning when `plan` runs a workload at its default rate on another setting than the
+    one that rate was measured on (the default preset and its derived KV budget): there the
+    rate can leave the server idle (every scheduler prints the same row) or overloaded."""
+    if rate_given or plan.load is not None or plan.workload_name == "trace":
+        return None
+    home = load_preset(DEFAULT_RATE_PRESET)
+    budget = home.derived_kv_budget_tokens
+    if plan.preset.name == home.name and plan.kv_budget_tokens == budget:
+        return None
+    return (
+        f"warning: {plan.workload_name}'s default rate ({plan.rate_per_s:.4g} tasks/s) is 0.8 x "
+        f"its capacity on {home.name} with {budget:,} KV tokens, not on this setting "
+        f"({plan.preset.name}, {plan.kv_budget_tokens:,} tokens): queues may never form, or "
+        "never drain; --load 0.8 measures this setting's capacity and runs at 0.8 of it"
+    )
 
 
 def check_fits(w: Workload, kv_budget_tokens: int, context_length: int = 32768) -> None:
@@ -190,10 +237,14 @@ def check_fits(w: Workload, kv_budget_tokens: int, context_length: int = 32768) 
     if need > min(kv_budget_tokens, context_length):
         what = "KV budget" if kv_budget_tokens <= context_length else "context length"
         have = min(kv_budget_tokens, context_length)
+        out = min(stage.output_tokens, stage.max_new_tokens)
+        if need == stage.prompt_tokens + out + 2:
+            parts = f"prompt {stage.prompt_tokens:,} + output {out:,} + 2 spare tokens"
+        else:  # SGLang refuses a prompt within 7 tokens of the limit, whatever its output
+            parts = f"prompt {stage.prompt_tokens:,} + 7 tokens SGLang keeps beyond a prompt"
         raise TopasError(
             f"{what} of {have:,} tokens is smaller than the largest call in {w.name!r} "
-            f"(prompt {stage.prompt_tokens:,} + output {stage.output_tokens:,} tokens); raise "
-            f"--kv-budget to at least {need:,}"
+            f"({parts} = {need:,}); raise --kv-budget to at least {need:,}"
             + (
                 f", or lower --workload-param context_tokens (now {w.params['context_tokens']:,}"
                 ", MetaGPT's memory cut) to about 0.8 x the budget"

@@ -1,8 +1,8 @@
 """The types every engine shares: a run plan, a cell's result, and reuse of stored cells.
 
-They live below the engines (DESIGN section 1: plan, identity and cell-result types sit under
-the engines, so no engine imports the experiment layer); `experiment` builds plans and picks an
-engine by name (`runners.engines.ENGINES`).
+They live below the engines (docs/design.md, "The seams": plan, identity and cell-result types
+sit under the engines, so no engine imports the experiment layer); `experiment` builds plans and
+picks an engine by name (`runners.engines.ENGINES`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.engines import engine_version
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import Preset
+from topas_bench.workloads.lengths import identity_params
 from topas_bench.workloads.model import Workload
 
 #: SimConfig fields that enter a run's identity when they differ from their defaults.
@@ -53,6 +54,13 @@ class RunPlan:
     #: N replicas behind a router (`--replicas`, `--router`); None: one server.
     cluster: ClusterConfig | None = None
 
+    @property
+    def identity_workload_params(self) -> dict[str, Any]:
+        """The workload parameters a cell's identity records: those given, with the length
+        setting (`workloads.lengths`) as the workload was generated, named unless it is the
+        one cells made before the setting existed used (so those keep their identities)."""
+        return identity_params(self.workload_name, self.workload_params, self.workload.params)
+
     def identity(self, scheduler: str) -> RunIdentity:
         """The identity of a `sim` or `sglang-cpu` cell (a real server's has its own)."""
         defaults = SimConfig(kv_budget_tokens=self.kv_budget_tokens)
@@ -73,7 +81,7 @@ class RunPlan:
             kv_budget_tokens=self.kv_budget_tokens,
             engine=self.engine,
             engine_version=engine_version(self.engine),
-            workload_params=dict(self.workload_params),
+            workload_params=self.identity_workload_params,
             scheduler_params=dict(self.scheduler_params.get(scheduler, {})),
             engine_params=engine_params,
         )

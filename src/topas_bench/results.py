@@ -1,4 +1,4 @@
-"""Run identity, result directories, and reading/writing a run's files (DESIGN section 8).
+"""Run identity, result directories, and reading/writing a run's files (docs/design.md section 8).
 
 A run is (workload spec, scheduler + params, engine + preset + settings, rate, seed). Its
 directory is derived from that identity, so a finished run is found again and skipped, and a
@@ -31,6 +31,7 @@ import pandas as pd
 
 from topas_bench import __version__
 from topas_bench.errors import TopasError
+from topas_bench.invariants import check_cell as check_invariants
 
 TABLES = ("requests", "tasks", "timeline", "decisions")
 #: The files of a result; anything else in a cell's directory (the SGLang runner's journal and
@@ -155,12 +156,17 @@ def write_run(
     identity: RunIdentity,
     tables: Mapping[str, pd.DataFrame],
     info: Mapping[str, Any],
+    *,
+    jct_floor_s: Mapping[str, float],
 ) -> None:
-    """Write the cell whole into a temporary sibling directory, then rename it into place
-    (module docstring). A cell already at `run_dir` (a forced or corrupt rerun) is replaced;
-    its files other than `RESULT_FILES` are carried over. A sweep runs each cell once; two
+    """Check the cell's invariants (`invariants.check_cell`, given each task's JCT floor: a
+    broken one raises `InvariantError` and nothing is written), then write the cell whole into
+    a temporary sibling directory and rename it into place (module docstring). A cell already
+    at `run_dir` (a forced or corrupt rerun) is replaced; its files other than `RESULT_FILES`
+    are carried over. A sweep runs each cell once; two
     writers of one cell (parallel tuning workers) both succeed and one copy stays. A writer
     clears the old leftovers of killed writers first."""
+    check_invariants(tables, jct_floor_s)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     _clear_leftovers(run_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.tmp-", dir=run_dir.parent))

@@ -1,4 +1,4 @@
-"""Read a results tree into one row per run (STYLE 8: analysis only reads files).
+"""Read a results tree into one row per run (docs/design.md section 8: analysis only reads files).
 
 A run directory is taken only when it is whole: `run.json` readable with an identity that
 matches the directory's name, every table present and readable with the row count run.json
@@ -35,9 +35,11 @@ from topas_bench.results import (
     read_meta,
     read_table,
 )
+from topas_bench.workloads import lengths
 
 #: Identity fields that vary within a group, i.e. are not part of the group key.
 WITHIN_GROUP = ("scheduler", "scheduler_params", "seed")
+LENGTH_KEYS = (lengths.MODE, lengths.CAP)
 
 
 @dataclass
@@ -137,6 +139,8 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
         "group": key,
         "group_label": group_label(ident, load),
         "workload": workload_label(ident),
+        "engine": ident.engine,
+        "max_tokens": lengths.describe(ident.workload, ident.workload_params),
         "preset": ident.preset,
         "kv_budget_tokens": ident.kv_budget_tokens,
         "rate_per_s": ident.rate_per_s,
@@ -189,10 +193,15 @@ def scheduler_label(name: str, params: dict[str, Any]) -> str:
 
 
 def group_label(ident: RunIdentity, load: Any) -> str:
+    """``load 0.8, rate 0.2266/s, a100-qwen32b, KV 18,692, 60 tasks, max_tokens=exact``: the
+    length setting always (`lengths.describe`; a cell that names none used the legacy one),
+    then any other workload and engine parameter."""
     parts = [f"load {float(load):g}"] if load is not None else []
     parts.append(f"rate {ident.rate_per_s:.4g}/s")
     parts += [ident.preset, f"KV {ident.kv_budget_tokens:,}", f"{ident.num_tasks} tasks"]
-    extra = {**ident.workload_params, **ident.engine_params}
+    parts.append(lengths.describe(ident.workload, ident.workload_params))
+    params = {k: v for k, v in ident.workload_params.items() if k not in LENGTH_KEYS}
+    extra = {**params, **ident.engine_params}
     parts += [f"{k}={v}" for k, v in sorted(extra.items())]
     return ", ".join(parts)
 

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from topas_bench.analysis.metrics import METRIC_BY_NAME
 from topas_bench.runners.sim.cost import Preset, load_preset, preset_names
+from topas_bench.workloads.lengths import describe, lengths_line
 from topas_bench.workloads.model import Workload
 from topas_bench.workloads.registry import WORKLOADS
 
@@ -73,8 +74,8 @@ def print_plan(console: Console, plan: RunPlan) -> None:
         f"engine {plan.engine}, preset {plan.preset.name} ({plan.preset.gpu.name}, "
         f"{plan.preset.model.name}), {budget_line(plan)}"
     )
-    if plan.sim.length_hint == "oracle":
-        console.print("length hint: oracle (policies see true output lengths)")
+    oracle = plan.sim.length_hint == "oracle"
+    console.print(lengths_line(plan.workload_name, plan.workload.params, oracle), markup=False)
     if plan.sim.host_tier_tokens:
         console.print(f"host tier: {plan.sim.host_tier_tokens:,} tokens")
     if plan.cluster is not None:
@@ -88,7 +89,8 @@ def print_plan(console: Console, plan: RunPlan) -> None:
 
 def print_run_table(console: Console, plan: RunPlan, cells: Sequence[CellResult]) -> None:
     title = workload_title(plan.workload_name, plan.workload_params)
-    table = Table(title=f"{title}: JCT per scheduler", title_justify="left")
+    length = describe(plan.workload_name, plan.identity_workload_params)
+    table = Table(title=f"{title} ({length}): JCT per scheduler", title_justify="left")
     table.add_column("scheduler")
     for _, label in RUN_COLUMNS:
         table.add_column(label, justify="right")
@@ -155,13 +157,16 @@ def print_workload(console: Console, w: Workload) -> None:
     console.print(table)
     task = w.tasks[0]
     t = Table(title=f"task {task.id} ({len(task.stages)} calls)", title_justify="left")
-    for col in ("stage", "agent", "kind", "deps", "prompt segments", "prompt", "output", "delay s"):
+    cols = ("stage", "agent", "kind", "deps", "prompt segments", "prompt", "output", "max new",
+            "delay s")  # fmt: skip
+    for col in cols:
         t.add_column(col)
     for s in task.stages:
         segs = ", ".join(f"{g.key}:{g.tokens}" for g in s.prompt)
         t.add_row(
             s.id, s.agent, s.kind, ",".join(s.deps) or "-", segs,
-            f"{s.prompt_tokens:,}", f"{s.output_tokens:,}", f"{s.delay_s:g}",
+            f"{s.prompt_tokens:,}", f"{s.output_tokens:,}", f"{s.max_new_tokens:,}",
+            f"{s.delay_s:g}",
         )  # fmt: skip
     console.print(t)
     for key, value in w.params.items():

@@ -136,9 +136,13 @@ def _half(r: pd.Series, col: str) -> float:
     return (float(r[f"{col}_hi"]) - float(r[f"{col}_lo"])) / 2
 
 
-def plot(history: pd.DataFrame, out: Path) -> list[Path]:
-    """Per workload: TOPAS's margins (with intervals) and every scheduler's mean JCT, by night."""
-    from topas_bench.analysis.figures import MAIN, palette_for, pyplot
+def plot(history: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    """Per workload: TOPAS's margins in percent (with intervals) and every scheduler's mean
+    JCT, by night, one column per setting (named above it)."""
+    from matplotlib.ticker import PercentFormatter
+
+    from topas_bench.analysis.figures import MAIN
+    from topas_bench.analysis.plotting import legend_right, palette_for, pyplot, save, suptitle
 
     plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
@@ -146,8 +150,8 @@ def plot(history: pd.DataFrame, out: Path) -> list[Path]:
     palette = palette_for(history["scheduler"].unique())
     for workload, w in history.groupby("workload", sort=False):
         settings = list(dict.fromkeys(w["setting"]))
-        fig, axes = plt.subplots(3, len(settings), figsize=(5.5 * len(settings), 9),
-                                 squeeze=False, sharex=True)  # fmt: skip
+        fig, axes = plt.subplots(3, len(settings), figsize=(5.8 * len(settings), 9.5),
+                                 squeeze=False, sharex="col")  # fmt: skip
         for j, setting in enumerate(settings):
             d = w[w["setting"] == setting]
             nights = sorted(dict.fromkeys(zip(d["date"], d["revision"], strict=True)))
@@ -156,10 +160,11 @@ def plot(history: pd.DataFrame, out: Path) -> list[Path]:
             for i, (col, m) in enumerate(MARGINS.items()):
                 ax = axes[i][j]
                 xs = [x[(a, b)] for a, b in zip(t["date"], t["revision"], strict=True)]
-                ax.plot(xs, t[col], marker="o", color=palette.get("topas"))
-                ax.fill_between(xs, t[f"{col}_lo"], t[f"{col}_hi"], alpha=0.2,
+                ax.plot(xs, 100 * t[col], marker="o", color=palette.get("topas"))
+                ax.fill_between(xs, 100 * t[f"{col}_lo"], 100 * t[f"{col}_hi"], alpha=0.2,
                                 color=palette.get("topas"))  # fmt: skip
                 ax.axhline(0, color="black", linewidth=0.8)
+                ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
                 ax.set_ylabel(f"TOPAS {m} JCT reduction\nvs best baseline")
             ax = axes[2][j]
             for sched, s in d[d["scheduler"].isin(MAIN)].groupby("scheduler", sort=False):
@@ -168,14 +173,9 @@ def plot(history: pd.DataFrame, out: Path) -> list[Path]:
             ax.set_ylabel("mean JCT (s)")
             ax.set_xticks(range(len(nights)), [f"{a}\n{b[:7]}" for a, b in nights], fontsize=7,
                           rotation=45)  # fmt: skip
-            axes[0][j].set_title(setting, fontsize=9)
-        axes[2][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.suptitle(f"{workload}: nightly trend (bands: 95% bootstrap intervals over seeds)")
-        fig.tight_layout()
-        for ext in ("png", "svg"):
-            path = out / f"{_safe(str(workload))}.{ext}"
-            fig.savefig(path, dpi=110, metadata={"Software": None} if ext == "png" else
-                        {"Date": None})  # fmt: skip
-            written.append(path)
-        plt.close(fig)
+            axes[0][j].set_title(setting, fontsize=8, wrap=True)
+        legend_right(axes[2][-1], axes[2][0])
+        suptitle(fig, f"{workload}: nightly trend, one column per setting (bands: 95% "
+                 "bootstrap intervals over seeds)")  # fmt: skip
+        written += save(plt, fig, out, _safe(str(workload)), formats)
     return written

@@ -13,39 +13,39 @@ from topas_bench.schedulers.registry import BASELINES
 from topas_bench.workloads.registry import DEFAULT_LOAD
 
 
-def _nan(v: Any) -> bool:
+def is_nan(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def _ci(row: pd.Series, col: str, fmt: str = "{:.1f}") -> str:
+def ci_text(row: pd.Series, col: str, fmt: str = "{:.1f}") -> str:
     v, lo, hi = row[col], row[f"{col}_lo"], row[f"{col}_hi"]
-    if _nan(v):
+    if is_nan(v):
         return "-"
     if row["n_seeds"] < 2:
         return fmt.format(v)
     return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
-def _pct(v: Any) -> str:
-    return "-" if _nan(v) else f"{100 * v:.1f}%"
+def pct_text(v: Any) -> str:
+    return "-" if is_nan(v) else f"{100 * v:.1f}%"
 
 
-def _num(v: Any, fmt: str = "{:.2f}") -> str:
-    return "-" if _nan(v) else fmt.format(v)
+def num_text(v: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if is_nan(v) else fmt.format(v)
 
 
-def _reduction(row: pd.Series, m: str, against: str = "") -> str:
+def reduction_text(row: pd.Series, m: str, against: str = "") -> str:
     """The row's reduction vs the best baseline (`against=""`) or vs the best of all
     (`"any_"`)."""
     v = row[f"reduction_{against}{m}"]
-    if _nan(v):
+    if is_nan(v):
         return "-"
     if row["scheduler"] == row[f"best_{against or 'baseline_'}{m}"]:
         return "best"
     if row["n_seeds"] < 2:
-        return _pct(v)
+        return pct_text(v)
     lo, hi = row[f"reduction_{against}{m}_lo"], row[f"reduction_{against}{m}_hi"]
-    return f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]"
+    return f"{pct_text(v)} [{pct_text(lo)}, {pct_text(hi)}]"
 
 
 def _table(records: list[dict[str, str]]) -> list[str]:
@@ -69,7 +69,10 @@ def to_markdown(rep: Report) -> str:
         "Goodput: tasks/s "
         f"that met the SLO ({rep.slo.describe()}). The paper's reductions are shown only for "
         f"runs in its setting ({PAPER_PRESET}, KV budget {PAPER_KV_BUDGET:,}, default workload "
-        f"parameters and rate, load {DEFAULT_LOAD:g}).",
+        f"parameters and rate, load {DEFAULT_LOAD:g}; either max_tokens setting). max_tokens "
+        "(in each setting): exact = every call sent its true output length (with ignore_eos), "
+        "so the server, and TOPAS's admission need, saw every length; cap N = every call sent "
+        "N and ended at EOS, so no policy saw a length it did not estimate.",
         "",
     ]
     lines += _summary(rep.rows)
@@ -93,11 +96,11 @@ def _summary(rows: pd.DataFrame) -> list[str]:
             "workload": r["workload"],
             "setting": r["group_label"],
             "mean: best baseline": r["best_baseline_mean"] or "-",
-            "mean: reduction": _reduction(r, "mean"),
-            "paper (mean)": _pct(r["paper_reduction_mean"]),
+            "mean: reduction": reduction_text(r, "mean"),
+            "paper (mean)": pct_text(r["paper_reduction_mean"]),
             "p99: best baseline": r["best_baseline_p99"] or "-",
-            "p99: reduction": _reduction(r, "p99"),
-            "paper (p99)": _pct(r["paper_reduction_p99"]),
+            "p99: reduction": reduction_text(r, "p99"),
+            "paper (p99)": pct_text(r["paper_reduction_p99"]),
         }
         for _, r in t.iterrows()
     ]
@@ -111,9 +114,9 @@ def _summary(rows: pd.DataFrame) -> list[str]:
             "workload": r["workload"],
             "setting": r["group_label"],
             "mean: best of all": r["best_any_mean"] or "-",
-            "mean: reduction": _reduction(r, "mean", "any_"),
+            "mean: reduction": reduction_text(r, "mean", "any_"),
             "p99: best of all": r["best_any_p99"] or "-",
-            "p99: reduction": _reduction(r, "p99", "any_"),
+            "p99: reduction": reduction_text(r, "p99", "any_"),
         }
         for _, r in t.iterrows()
     ]
@@ -126,19 +129,19 @@ def _group_tables(g: pd.DataFrame, stages: pd.DataFrame) -> list[str]:
     jct = [
         {
             "scheduler": r["scheduler"],
-            "mean JCT": _ci(r, "mean_jct_s"),
-            "p50": _ci(r, "p50_jct_s"),
-            "p90": _ci(r, "p90_jct_s"),
-            "p99": _ci(r, "p99_jct_s"),
-            "mean vs best": _reduction(r, "mean"),
-            "p99 vs best": _reduction(r, "p99"),
-            "mean / p99 vs best of all": f"{_reduction(r, 'mean', 'any_')} / "
-            f"{_reduction(r, 'p99', 'any_')}",
-            "tasks/s": _num(r["throughput_tps"], "{:.4f}"),
-            "goodput": _ci(r, "goodput_tps", "{:.4f}"),
-            "SLO met": _pct(r["slo_attainment"]),
-            "prefix hit": _pct(r["prefix_hit_rate"]),
-            "preempt": _num(r["preemptions"], "{:.0f}"),
+            "mean JCT": ci_text(r, "mean_jct_s"),
+            "p50": ci_text(r, "p50_jct_s"),
+            "p90": ci_text(r, "p90_jct_s"),
+            "p99": ci_text(r, "p99_jct_s"),
+            "mean vs best": reduction_text(r, "mean"),
+            "p99 vs best": reduction_text(r, "p99"),
+            "mean / p99 vs best of all": f"{reduction_text(r, 'mean', 'any_')} / "
+            f"{reduction_text(r, 'p99', 'any_')}",
+            "tasks/s": num_text(r["throughput_tps"], "{:.4f}"),
+            "goodput": ci_text(r, "goodput_tps", "{:.4f}"),
+            "SLO met": pct_text(r["slo_attainment"]),
+            "prefix hit": pct_text(r["prefix_hit_rate"]),
+            "preempt": num_text(r["preemptions"], "{:.0f}"),
             "decision p50 / p99 ms": _decisions(r),
         }
         for _, r in g.iterrows()
@@ -149,11 +152,11 @@ def _group_tables(g: pd.DataFrame, stages: pd.DataFrame) -> list[str]:
             "scheduler": r["scheduler"],
             "TTFT mean / p99 s": _pair(r, "ttft", "{:.2f}", "_s"),
             "TPOT mean / p99 ms": _pair(r, "tpot", "{:.1f}", "_ms"),
-            "ITL mean ms": _num(r["itl_mean_ms"], "{:.1f}"),
+            "ITL mean ms": num_text(r["itl_mean_ms"], "{:.1f}"),
             "queueing mean / p99 s": _pair(r, "queue", "{:.2f}", "_s"),
             "latency mean / p99 s": _pair(r, "latency", "{:.2f}", "_s"),
-            "requests/s": _num(r["request_tps"], "{:.3f}"),
-            "output tok/s": _num(r["output_tok_s"], "{:.1f}"),
+            "requests/s": num_text(r["request_tps"], "{:.3f}"),
+            "output tok/s": num_text(r["output_tok_s"], "{:.1f}"),
         }
         for _, r in g.iterrows()
     ]
@@ -163,7 +166,7 @@ def _group_tables(g: pd.DataFrame, stages: pd.DataFrame) -> list[str]:
                                  sort=False)  # fmt: skip
         order = [s for s in g["scheduler"] if s in lat.columns]
         records = [
-            {"stage kind": str(kind), **{s: _num(lat.loc[kind, s]) for s in order}}
+            {"stage kind": str(kind), **{s: num_text(lat.loc[kind, s]) for s in order}}
             for kind in lat.index
         ]
         out += ["Mean latency per stage kind (s, send to finish):", "", *_table(records)]
@@ -178,14 +181,14 @@ def _group_tables(g: pd.DataFrame, stages: pd.DataFrame) -> list[str]:
 
 
 def _decisions(r: pd.Series) -> str:
-    if _nan(r["decision_p50_ms"]):
+    if is_nan(r["decision_p50_ms"]):
         return "-"
     return f"{r['decision_p50_ms']:.3f} / {r['decision_p99_ms']:.3f}"
 
 
 def _pair(r: pd.Series, name: str, fmt: str, unit: str) -> str:
     a, b = r[f"{name}_mean{unit}"], r[f"{name}_p99{unit}"]
-    return "-" if _nan(a) else f"{fmt.format(a)} / {fmt.format(b)}"
+    return "-" if is_nan(a) else f"{fmt.format(a)} / {fmt.format(b)}"
 
 
 def write_report(rep: Report, out: Path) -> list[Path]:
@@ -194,8 +197,13 @@ def write_report(rep: Report, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     md, csv, stages = out / "report.md", out / "report.csv", out / "report-stages.csv"
     md.write_text(to_markdown(rep) + "\n")
-    rep.rows.drop(columns=["group"]).to_csv(csv, index=False, float_format="%.6g")
-    labels = rep.rows.drop_duplicates("group").set_index("group")["group_label"]
-    st = rep.stages.assign(group_label=rep.stages["group"].map(labels)).drop(columns=["group"])
+    # the SLO goodput was measured under travels with the rows (the site names it)
+    rows = rep.rows.drop(columns=["group"]).assign(slo=rep.slo.describe())
+    rows.to_csv(csv, index=False, float_format="%.6g")
+    first = rep.rows.drop_duplicates("group").set_index("group")
+    st = rep.stages.assign(
+        workload=rep.stages["group"].map(first["workload"]),
+        group_label=rep.stages["group"].map(first["group_label"]),
+    ).drop(columns=["group"])
     st.to_csv(stages, index=False, float_format="%.6g")
     return [md, csv, stages]

@@ -11,8 +11,8 @@ Reductions are `1 - scheduler / best baseline`, the best baseline chosen per met
 p99 JCT) as the lowest among `BASELINES` in the group, with a paired bootstrap interval; every
 row has one (the best baseline's own is 0). Beside it, `reduction_any` is the same against the
 best of every scheduler in the group that is not TOPAS or an ablation of it (the paper's
-baselines and the peers it left out: `best_any`). The paper's reductions (DESIGN section 5, TOPAS vs
-the best baseline) stand beside TOPAS's only for runs made in the paper's setting
+baselines and the peers it left out: `best_any`). The paper's reductions (docs/design.md section
+5, TOPAS vs the best baseline) stand beside TOPAS's only for runs made in the paper's setting
 (`paper_setting`). Request-level metrics (TTFT, TPOT, ITL, queueing, latency, goodput under the
 collection's SLO) and per-stage latencies come with every group (`metrics`).
 """
@@ -28,12 +28,12 @@ from typing import Any
 import pandas as pd
 
 from topas_bench.analysis.bootstrap import mean_ci, reduction_ci
-from topas_bench.analysis.collect import Collection
+from topas_bench.analysis.collect import LENGTH_KEYS, Collection
 from topas_bench.analysis.metrics import Slo
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
 from topas_bench.workloads.registry import DEFAULT_LOAD, WORKLOADS
 
-#: TOPAS's mean / p99 JCT reduction vs the best baseline in the paper (DESIGN section 5).
+#: TOPAS's mean / p99 JCT reduction vs the best baseline in the paper (docs/design.md section 5).
 PAPER_REDUCTIONS: dict[str, tuple[float, float]] = {
     "chain3": (0.275, 0.317),
     "dag4": (0.398, 0.494),
@@ -56,8 +56,8 @@ OTHER = (
 )  # fmt: skip
 COMPARED = {"mean": "mean_jct_s", "p99": "p99_jct_s"}
 GROUP_COLUMNS = (
-    "group", "group_label", "workload", "preset", "kv_budget_tokens", "rate_per_s", "load",
-    "num_tasks",
+    "group", "group_label", "workload", "engine", "preset", "kv_budget_tokens", "rate_per_s",
+    "load", "num_tasks", "max_tokens",
 )  # fmt: skip
 STAGE_COLUMNS = ("calls", "mean_latency_s", "p99_latency_s", "mean_queue_s", "mean_ttft_s")
 
@@ -76,7 +76,8 @@ class Report:
 def paper_setting(group_key: str, load: float) -> bool:
     """Whether a group (its identity JSON, `collect.WITHIN_GROUP` left out, and its load) was
     run in the paper's setting, so that the paper's reductions may stand beside it: load 0.8,
-    or without a load the workload's default rate."""
+    or without a load the workload's default rate. Either length setting (`max_tokens`, which
+    the paper does not state) counts; the group's label says which one it used."""
     g = json.loads(group_key)
     name = g["workload"]
     if name not in PAPER_REDUCTIONS or name not in WORKLOADS:
@@ -87,7 +88,8 @@ def paper_setting(group_key: str, load: float) -> bool:
         at_default = math.isclose(load, DEFAULT_LOAD)
     return bool(
         at_default and g.get("engine", "sim") == "sim" and g["preset"] == PAPER_PRESET
-        and g["kv_budget_tokens"] == PAPER_KV_BUDGET and not g["workload_params"]
+        and g["kv_budget_tokens"] == PAPER_KV_BUDGET
+        and not {k: v for k, v in g["workload_params"].items() if k not in LENGTH_KEYS}
         and not g["engine_params"]
     )  # fmt: skip
 
@@ -168,7 +170,8 @@ def _group_rows(g: pd.DataFrame, compared: bool) -> list[dict[str, Any]]:
     for s in labels:
         d = per[s]
         row: dict[str, Any] = {c: first[c] for c in GROUP_COLUMNS}
-        row |= {"scheduler": s, "seeds": _seed_list(d["seed"]), "n_seeds": len(d)}
+        row |= {"scheduler": s, "seeds": _seed_list(d["seed"]), "n_seeds": len(d),
+                "code": "; ".join(sorted(set(d["code"])))}  # fmt: skip
         for col in WITH_CI:
             row[col], row[f"{col}_lo"], row[f"{col}_hi"] = mean_ci(d[col].to_numpy())
         for col in OTHER:

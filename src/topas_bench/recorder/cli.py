@@ -19,7 +19,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from topas_bench.cli_common import handles_errors, out
+from topas_bench.cli_common import handles_errors, lists_problems, out
+from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Workload
 
 trace_app = typer.Typer(
@@ -65,6 +66,11 @@ def _write(w: Workload, output: Path, bars: _Bars | None = None) -> None:
         bars("write", 1, 1)
 
 
+def _max_tokens(w: Workload) -> str:
+    mode = w.params.get("max_tokens", "exact")
+    return f"cap {w.params.get('max_tokens_cap')}" if mode == "cap" else str(mode)
+
+
 def _wrote(w: Workload, output: Path) -> None:
     from topas_bench.cli_common import out
 
@@ -72,14 +78,23 @@ def _wrote(w: Workload, output: Path) -> None:
     prefixes = ", ".join(f"{a.name} {a.prefix_tokens}" for a in w.agents)
     out.print(
         f"wrote {output}: {len(w.tasks)} task(s), {calls} calls, prefix mode "
-        f"{w.params.get('prefix_mode', '-')}; agent prefixes: {prefixes}",
+        f"{w.params.get('prefix_mode', '-')}, max_tokens {_max_tokens(w)}; agent prefixes: "
+        f"{prefixes}",
         markup=False,
     )
     out.print(f"run it: topas-bench run -w {output}", markup=False)
+    if len(w.tasks) == 1:
+        out.print(
+            "one task: nothing ever queues behind it, so every scheduler gives the same JCT. "
+            "Replicate the job as N tasks with Poisson arrivals when importing "
+            "(`trace import FILE -n 50 --rate R`), or let `run` do it "
+            f"(`topas-bench run -w {output} -n 50 --rate R --workload-param arrivals=poisson`)",
+            markup=False,
+        )
 
 
 @trace_app.command("import")
-@handles_errors
+@lists_problems
 def trace_import(
     file: Annotated[Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).")],
     output: Annotated[
@@ -106,6 +121,18 @@ def trace_import(
         int | None, typer.Option("--kv-budget", help="Also check every call fits this KV budget.")
     ] = None,
     name: Annotated[str | None, typer.Option(help="Workload name (default: FILE's stem).")] = None,
+    max_tokens: Annotated[
+        str,
+        typer.Option(
+            help="What each call sends as max_tokens: `cap` (--max-tokens-cap on every call, "
+            "ending at EOS after its recorded output, as MetaGPT sends it) or `exact` (the "
+            "recorded length, with ignore_eos)."
+        ),
+    ] = "cap",
+    max_tokens_cap: Annotated[
+        int | None,
+        typer.Option(help="The cap of --max-tokens cap (default 4096, MetaGPT's max_token)."),
+    ] = None,
 ) -> None:
     """Turn a recorded MetaGPT call trace into a validated workload trace.
 
@@ -114,15 +141,19 @@ def trace_import(
       topas-bench trace import tl-2048-offline.jsonl -n 50 --rate 0.002 -o tl50.jsonl
     """
     from topas_bench.cli_common import check_writable_file
+    from topas_bench.workloads.lengths import METAGPT_CAP
     from topas_bench.workloads.metagpt_import import import_trace
 
+    if max_tokens_cap is not None and max_tokens != "cap":
+        raise TopasError(f"--max-tokens-cap applies only to --max-tokens cap, not {max_tokens!r}")
     target = output or _default_out(file)
     check_writable_file(target)
     with _bars() as progress:
         bars = _Bars(progress)
         w = import_trace(
             file, num_tasks=tasks, rate_per_s=rate, seed=seed, prefix_mode=prefix_mode,
-            name=name, kv_budget_tokens=kv_budget, progress=bars,
+            name=name, kv_budget_tokens=kv_budget, progress=bars, max_tokens=max_tokens,
+            max_tokens_cap=METAGPT_CAP if max_tokens_cap is None else max_tokens_cap,
         )  # fmt: skip
         _write(w, target, bars)
     _wrote(w, target)

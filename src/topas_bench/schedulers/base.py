@@ -1,4 +1,5 @@
-"""The policy interface (DESIGN section 3): the read-only engine view, the decision, the policy.
+"""The policy interface (docs/design.md section 3): the read-only engine view, the decision, the
+policy.
 
 An engine (the simulator or the SGLang plugin) calls `Policy.decide(view)` at every scheduling
 point. The view is read-only by contract: policies must not mutate anything reachable from it.

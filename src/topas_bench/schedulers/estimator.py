@@ -1,4 +1,4 @@
-"""The online service-time estimator every policy shares (DESIGN section 3).
+"""The online service-time estimator every policy shares (docs/design.md section 3).
 
 Per (agent, stage kind) it keeps the empirical distribution of output lengths of finished
 requests (a sliding window of the most recent `window` observations), seeded with a prior of

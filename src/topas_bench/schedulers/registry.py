@@ -68,7 +68,7 @@ SGLANG_STOCK = (
 )  # fmt: skip
 #: The peers the paper left out: systems that decide what to keep, and stock SGLang.
 PEERS = ("kvflow", "continuum", "lpm-aging", *SGLANG_STOCK)
-#: TOPAS's ablations (DESIGN section 5).
+#: TOPAS's ablations (docs/design.md section 5).
 ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint")
 
 

@@ -38,7 +38,8 @@ from topas_bench.results import TABLES, check_cell, is_finished
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import Group, SweepSpec
-from topas_bench.workloads.registry import run_defaults
+from topas_bench.workloads.lengths import generation_params
+from topas_bench.workloads.registry import identity_params, resolve, run_defaults
 from topas_bench.workloads.trace import dumps_workload, loads_workload
 
 CAPACITY_FILE = "capacity.json"
@@ -151,7 +152,8 @@ def compact_tables(run_dir: Path) -> None:
 def measure_capacity_job(job: CapacityJob) -> CapacityOutcome:
     workload, params, _, budget = job.key
     try:
-        params_t = tuple(sorted(json.loads(params).items()))
+        named = generation_params(resolve(workload, json.loads(params))[0], json.loads(params))
+        params_t = tuple(sorted(named.items()))
         cap = measure_capacity(workload, params_t, job.preset, budget)
     except Exception as e:
         return CapacityOutcome(job.key, None, f"{type(e).__name__}: {e}")
@@ -213,7 +215,6 @@ def _check_names(specs: Sequence[SweepSpec]) -> None:
     """Unknown names and bad parameters fail before anything runs."""
     from topas_bench.runners.cluster.routers import check_router
     from topas_bench.schedulers.registry import make_policy
-    from topas_bench.workloads.registry import resolve
 
     for spec in specs:
         for w in spec.workloads:
@@ -288,7 +289,11 @@ def _budget(group: Group) -> int:
 
 
 def _cap_key(spec: SweepSpec, g: Group) -> CapacityKey:
-    params = json.dumps(dict(spec.workload_params.get(g.workload, {})), sort_keys=True)
+    """(workload, its identity's parameters as JSON, preset, KV budget): the length setting is
+    named as in a cell's identity, so capacities of different settings never mix, and those
+    measured before the setting existed (legacy ``exact``) stay valid."""
+    given = spec.workload_params.get(g.workload, {})
+    params = json.dumps(identity_params(g.workload, given), sort_keys=True)
     return (g.workload, params, load_preset(g.preset).name, _budget(g))
 
 

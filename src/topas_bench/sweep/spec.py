@@ -168,7 +168,8 @@ def load_specs(
     """The sweeps of a parsed TOML document, flags overriding it; each with its `out` or None.
 
     Flags that were given (not None) override the file's top-level keys and every `[[sweep]]`
-    entry; a `loads` flag replaces the file's `rates` and vice versa."""
+    entry; a `loads` flag replaces the file's `rates` and vice versa, and a `workloads` flag
+    drops the file's `workload_params` of workloads it leaves out."""
     given = {k: v for k, v in flags.items() if v is not None}
     base = {k: v for k, v in doc.items() if k != "sweep"}
     entries = doc.get("sweep", [{}])
@@ -184,6 +185,11 @@ def load_specs(
         for a, b in (("loads", "rates"), ("rates", "loads")):
             if a in given:
                 merged.pop(b, None)
+        params = merged.get("workload_params")
+        if "workloads" in given and isinstance(params, dict):
+            names = given["workloads"]
+            kept = set(names) if isinstance(names, list | tuple) else {names}
+            merged["workload_params"] = {k: v for k, v in params.items() if k in kept}
         specs.append(_spec(merged | given, source))
     return specs
 

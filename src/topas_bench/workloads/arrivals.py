@@ -1,4 +1,4 @@
-"""Task arrival times: a Poisson process (DESIGN section 6)."""
+"""Task arrival times: a Poisson process (docs/design.md section 6)."""
 
 from __future__ import annotations
 

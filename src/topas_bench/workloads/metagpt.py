@@ -25,8 +25,11 @@ only when the timestamp is frozen; faithfully the shareable prefix is 25-57 toke
 A task is one software idea (MetaGPT's SoftwareDev prompts are one-liners such as "a 2048
 game"): the input segment ``<task_id>/input``, 10-100 tokens. Every length is drawn uniformly
 (inclusive) from its range, per task in stage order, from the workload's content stream.
-Stages send ``max_new_tokens == output_tokens`` (exact lengths with ``ignore_eos``, DESIGN
-section 7). Stage ids are ``s0``.. in the order of the shapes below, each depending on the one
+``max_tokens`` (`lengths`): ``cap`` (default) sends ``max_tokens_cap`` (4,096, MetaGPT's
+``LLMConfig.max_token``) on every call, which ends at EOS after its sampled output, as a real
+MetaGPT client does; ``exact`` sends each call's output length with ``ignore_eos`` (replaying
+fixed trajectories), which tells the server, and any policy that reads the cap, every length.
+Stage ids are ``s0``.. in the order of the shapes below, each depending on the one
 before it (both workflows are sequential per task). The prefix mode changes no sampled length.
 """
 
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
 from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
 from topas_bench.workloads.registry import build_workload, check_params, uniform_tokens
 
@@ -121,9 +125,12 @@ class SopParams:
     test_tokens: Range = (400, 1000)  # WriteTest output
     delay_s: float = 0.0  # client-side tool time before every stage
     prefix_mode: str = PREFIX_MODES[0]  # cache-friendly | faithful (module docstring)
+    max_tokens: str = "cap"  # cap | exact: the max_tokens the client sends (lengths.py)
+    max_tokens_cap: int = METAGPT_CAP  # MetaGPT's LLMConfig.max_token
 
     def __post_init__(self) -> None:
         check_prefix_mode(self.prefix_mode)
+        check_mode(self.max_tokens)
         check_params(self)
         for full, shared in self._pairs():
             if shared > full:
@@ -218,9 +225,12 @@ class TlParams:
     code_tokens: Range = (300, 1500)  # write_new_code 300-1500 per file
     delay_s: float = 0.0  # client-side tool time before every stage
     prefix_mode: str = PREFIX_MODES[0]  # cache-friendly | faithful (module docstring)
+    max_tokens: str = "cap"  # cap | exact: the max_tokens the client sends (lengths.py)
+    max_tokens_cap: int = METAGPT_CAP  # MetaGPT's LLMConfig.max_token
 
     def __post_init__(self) -> None:
         check_prefix_mode(self.prefix_mode)
+        check_mode(self.max_tokens)
         check_params(self)
         for name in (TL, PM, ARCH, PROJ, ENG):
             full, cut = self._pair(name)

@@ -26,7 +26,10 @@ replicated as ``num_tasks`` tasks with Poisson arrivals at ``rate_per_s``. Each 
   agent per (role, action); ``faithful`` = as recorded: the system prompt, cut to the least
   prefix its calls really shared (a RoleZero system prompt with the time in it shares only ~41
   tokens between calls a second apart), templates after the content as recorded.
-- Outputs: ``completion_tokens`` (at least 1; ``max_new_tokens`` = output, as the generators).
+- Outputs: ``completion_tokens`` (at least 1). ``max_tokens`` (`lengths`): ``cap`` (default)
+  makes every call send ``max_tokens_cap`` (4,096, MetaGPT's own ``max_token``, which the
+  recording does not keep) and end at EOS after its recorded output, as MetaGPT's calls did;
+  ``exact`` sends the recorded length with ``ignore_eos``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads import lengths
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.metagpt import PREFIX_MODES
 from topas_bench.workloads.metagpt_calls import TICK, Call, Progress, load_calls, parse_calls
@@ -64,6 +68,8 @@ def calls_to_workload(
     prefix_mode: str = PREFIX_MODES[0],
     kv_budget_tokens: int | None = None,
     progress: Progress | None = None,
+    max_tokens: str = "cap",
+    max_tokens_cap: int = lengths.METAGPT_CAP,
 ) -> Workload:
     """The recorded job as a workload (module docstring); raises `TopasError` on bad options.
     `progress` hears phases ``convert`` (calls), ``replicate`` (tasks, when several) and
@@ -72,6 +78,8 @@ def calls_to_workload(
         raise TopasError(
             f"prefix_mode must be one of {', '.join(PREFIX_MODES)}, got {prefix_mode!r}"
         )
+    lengths.check_mode(max_tokens)
+    lengths.check_cap(max_tokens_cap)
     if num_tasks < 1:
         raise TopasError(f"--tasks must be a positive integer, got {num_tasks}")
     if num_tasks > 1 and (
@@ -79,6 +87,7 @@ def calls_to_workload(
     ):
         raise TopasError("replicating the job over several tasks needs a positive --rate")
     agents, stages = recorded_job(calls, prefix_mode, progress)
+    stages = lengths.apply(stages, max_tokens, max_tokens_cap)
     if num_tasks == 1:
         arrivals = [0.0]
     else:
@@ -94,6 +103,7 @@ def calls_to_workload(
     params = {
         "source": source, "calls": len(calls), "prefix_mode": prefix_mode,
         "num_tasks": num_tasks, "rate_per_s": rate_per_s,
+        **lengths.setting("trace-import", {lengths.MODE: max_tokens, lengths.CAP: max_tokens_cap}),
     }  # fmt: skip
     w = Workload(name, agents, tuple(tasks), params, seed, generator="trace-import")
     if progress is not None:
@@ -328,6 +338,8 @@ def import_trace(
     name: str | None = None,
     kv_budget_tokens: int | None = None,
     progress: Progress | None = None,
+    max_tokens: str = "cap",
+    max_tokens_cap: int = lengths.METAGPT_CAP,
 ) -> Workload:
     """Read a recorded call trace and convert it (see the module docstring); `progress` hears
     the phases ``read`` (lines), ``convert`` (calls) and ``check`` (tasks)."""
@@ -336,5 +348,6 @@ def import_trace(
     return calls_to_workload(
         calls, name=name or stem, source=Path(path).name, num_tasks=num_tasks,
         rate_per_s=rate_per_s, seed=seed, prefix_mode=prefix_mode,
-        kv_budget_tokens=kv_budget_tokens, progress=progress,
+        kv_budget_tokens=kv_budget_tokens, progress=progress, max_tokens=max_tokens,
+        max_tokens_cap=max_tokens_cap,
     )  # fmt: skip

@@ -8,7 +8,9 @@ and parameters go through the registry's `build_workload` like every generator. 
 path to a recorded call trace or the name of a packaged one (``sop-2048-offline`` (default),
 ``sop-qa-2048-offline``, ``tl-2048-offline``; the last needs a KV budget above 19,621 tokens).
 ``prefix_mode``: ``cache-friendly`` (default, as every MetaGPT workload and `trace import`) or
-``faithful`` (as recorded).
+``faithful`` (as recorded). ``max_tokens``: ``cap`` (default: every call sends
+``max_tokens_cap``, 4,096, MetaGPT's own, and ends at EOS after its recorded output) or
+``exact`` (the recorded output lengths, with ``ignore_eos``); see `lengths`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads.lengths import METAGPT_CAP, check_cap, check_mode
 from topas_bench.workloads.metagpt import PREFIX_MODES, check_prefix_mode
 from topas_bench.workloads.metagpt_import import for_task, load_calls, recorded_job
 from topas_bench.workloads.model import Agent, Stage, Workload
@@ -34,9 +37,13 @@ PACKAGED = ("sop-2048-offline", "sop-qa-2048-offline", "tl-2048-offline")
 class ReplayParams:
     file: str = PACKAGED[0]
     prefix_mode: str = PREFIX_MODES[0]
+    max_tokens: str = "cap"  # cap | exact: the max_tokens the client sends (lengths.py)
+    max_tokens_cap: int = METAGPT_CAP  # MetaGPT's LLMConfig.max_token
 
     def __post_init__(self) -> None:
         check_prefix_mode(self.prefix_mode)
+        check_mode(self.max_tokens)
+        check_cap(self.max_tokens_cap)
         if not isinstance(self.file, str) or not self.file:
             raise TopasError(f"file must be a path or one of {', '.join(PACKAGED)}")
 

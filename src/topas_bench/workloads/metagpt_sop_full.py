@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
 from topas_bench.workloads.metagpt import ARCH, ENG, PM, PREFIX_MODES, PROJ, QA, check_prefix_mode
 from topas_bench.workloads.metagpt_ideas import delay_s, sample_idea
 from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
@@ -59,6 +60,8 @@ class SopFullParams:
     """Token figures: FACTS.md "MetaGPT-SOP" (system line, template before / after content)."""
 
     prefix_mode: str = PREFIX_MODES[0]
+    max_tokens: str = "cap"  # cap | exact: the max_tokens the client sends (lengths.py)
+    max_tokens_cap: int = METAGPT_CAP  # MetaGPT's LLMConfig.max_token
     pm_system_tokens: int = 41
     prd_template_tokens: int = 875  # after the requirement
     architect_system_tokens: int = 47
@@ -94,6 +97,7 @@ class SopFullParams:
 
     def __post_init__(self) -> None:
         check_prefix_mode(self.prefix_mode)
+        check_mode(self.max_tokens)
         if self.qa not in ("on", "off"):
             raise TopasError(f"qa must be on or off, got {self.qa!r}")
         check_params(self)

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
 from topas_bench.workloads.metagpt import ARCH, ENG, PM, PREFIX_MODES, PROJ, TL, check_prefix_mode
 from topas_bench.workloads.metagpt_ideas import delay_s, sample_idea
 from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
@@ -70,6 +71,8 @@ class TlFullParams:
     ``tokens_before_timestamp``); the ProjectManager reuses the Architect's (see `TlParams`)."""
 
     prefix_mode: str = PREFIX_MODES[0]
+    max_tokens: str = "cap"  # cap | exact: the max_tokens the client sends (lengths.py)
+    max_tokens_cap: int = METAGPT_CAP  # MetaGPT's LLMConfig.max_token
     tl_system_tokens: int = 3628
     tl_info_tokens: int = 150
     tl_before_timestamp_tokens: int = 25
@@ -115,6 +118,7 @@ class TlFullParams:
 
     def __post_init__(self) -> None:
         check_prefix_mode(self.prefix_mode)
+        check_mode(self.max_tokens)
         check_params(self)
         if self.plan_tasks[0] < 3:
             raise TopasError(f"plan_tasks must be at least 3, got {self.plan_tasks}")

@@ -1,4 +1,4 @@
-"""The workload model (DESIGN section 2): agents, segments, stages, tasks, workloads.
+"""The workload model (docs/design.md section 2): agents, segments, stages, tasks, workloads.
 
 A prompt is a tuple of segments. A segment is a content key and a token count; equal keys mean
 equal tokens, so the prefix cache can share them. By convention the first segment of every prompt

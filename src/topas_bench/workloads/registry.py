@@ -32,8 +32,10 @@ import numpy as np
 
 from topas_bench.errors import TopasError, UnknownNameError
 from topas_bench.registry import Registry
+from topas_bench.workloads import lengths
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.model import Agent, Stage, Task, Workload
+from topas_bench.workloads.trace_lines import path_problem
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -51,6 +53,7 @@ class WorkloadSpec:
     `default_rate_per_s` is the Poisson arrival rate used when a run does not give one;
     `rate_note` says where it comes from (e.g. a fraction of measured capacity on a preset).
     `defaults`, when set, gives (tasks, rate) from the parameters instead (a file's own).
+    `max_tokens` is the family's default length setting (`lengths`; its params' default).
     """
 
     name: str
@@ -59,12 +62,16 @@ class WorkloadSpec:
     rate_note: str
     make: MakeFn
     defaults: Callable[[Mapping[str, Any]], tuple[int, float]] | None = None
+    max_tokens: str = "exact"
 
 
 WORKLOADS: Registry[WorkloadSpec] = Registry("workload")
 
 #: Tasks of a run that does not say (`run`, `sweep`, `workloads export`); a file: all of its.
 DEFAULT_TASKS = 200
+#: The setting every workload's default rate was measured on (0.8 x FCFS's capacity there,
+#: `tests/test_default_rates.py`): this preset with its derived KV budget.
+DEFAULT_RATE_PRESET = "a100-qwen32b"
 
 
 def resolve(name: str, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -73,9 +80,9 @@ def resolve(name: str, params: Mapping[str, Any] | None = None) -> tuple[str, di
     params = dict(params or {})
     if name in WORKLOADS:
         return name, params
-    if name.endswith(".jsonl") or os.sep in name or "/" in name or os.path.isfile(name):
-        if not os.path.isfile(name):
-            raise TopasError(f"workload file {name}: no such file")
+    if name.endswith((".jsonl", ".gz")) or os.sep in name or "/" in name or os.path.exists(name):
+        if problem := path_problem(name):  # missing, a directory, a device, ...
+            raise TopasError(f"workload file {name}: {problem}")
         if params.get("file", name) != name:
             raise TopasError(f"workload {name} is a file; it takes no other `file` parameter")
         return "trace", {"file": name, **params}
@@ -90,6 +97,19 @@ def run_defaults(name: str, params: Mapping[str, Any] | None = None) -> tuple[in
     if spec.defaults is not None:
         return spec.defaults(params)
     return DEFAULT_TASKS, spec.default_rate_per_s
+
+
+def identity_params(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The workload parameters a cell of `name` run with `params` records in its identity
+    (`lengths.identity_params`): `params`, with the length setting named unless it is legacy.
+    Equal to `RunPlan.identity_workload_params` of the generated workload."""
+    resolved_name, resolved = resolve(name, params)
+    given = dict(params or {})
+    setting = {
+        lengths.MODE: resolved.get(lengths.MODE, WORKLOADS.get(resolved_name).max_tokens),
+        lengths.CAP: resolved.get(lengths.CAP, lengths.METAGPT_CAP),
+    }
+    return lengths.identity_params(resolved_name, given, setting)
 
 
 def generate(
@@ -129,19 +149,31 @@ def build_workload(
     """Check the run parameters, build the family's params from `overrides`, draw the tasks.
 
     `stages(params, task_id, rng)` returns one task's stages; it draws whatever it samples from
-    `rng`, a stream that only contents use (arrivals have their own), in task order.
+    `rng`, a stream that only contents use (arrivals have their own), in task order. A family
+    whose params have ``max_tokens`` (and ``max_tokens_cap``) gets its stages' `max_new_tokens`
+    set here (`lengths`), so generators write exact lengths and never the cap.
     """
     num_tasks = _positive_int(name, "num_tasks", num_tasks)
     rate_per_s = _float(name, "rate_per_s", rate_per_s)
     seed = _positive_int(name, "seed", seed, minimum=0)
     params = parse_params(name, params_cls, overrides)
+    mode = getattr(params, lengths.MODE, None)
+    if mode is not None:
+        lengths.check_given(f"workload {name!r}", overrides, mode)
 
     arrival_rng, content_rng = np.random.Generator(np.random.PCG64(seed)).spawn(2)
     arrivals = poisson_arrivals(arrival_rng, num_tasks, rate_per_s)
     tasks = []
     for i in range(num_tasks):
         task_id = f"t{i:04d}"
-        tasks.append(Task(task_id, name, float(arrivals[i]), stages(params, task_id, content_rng)))
+        task_stages = stages(params, task_id, content_rng)
+        if mode is not None:
+            cap = getattr(params, lengths.CAP)
+            try:
+                task_stages = lengths.apply(task_stages, mode, cap)
+            except TopasError as e:
+                raise TopasError(f"workload {name!r}: {e}") from None
+        tasks.append(Task(task_id, name, float(arrivals[i]), task_stages))
     record: dict[str, Any] = {"num_tasks": num_tasks, "rate_per_s": rate_per_s}
     for f in fields(params):
         value = getattr(params, f.name)
@@ -245,10 +277,14 @@ def _lazy(module: str, attr: str) -> MakeFn:
 DEFAULT_LOAD = 0.8
 
 
-def _add(name: str, description: str, module: str, attr: str, capacity_tps: float) -> None:
+def _add(
+    name: str, description: str, module: str, attr: str, capacity_tps: float,
+    max_tokens: str = "exact",
+) -> None:  # fmt: skip
     rate = float(f"{DEFAULT_LOAD * capacity_tps:.2g}")
     note = f"{DEFAULT_LOAD:g} x capacity {capacity_tps:.3g}/s (FCFS knee, a100-qwen32b)"
-    WORKLOADS.add(name, WorkloadSpec(name, description, rate, note, _lazy(module, attr)))
+    make = _lazy(module, attr)
+    WORKLOADS.add(name, WorkloadSpec(name, description, rate, note, make, None, max_tokens))
 
 
 _add("chain3", "3 agents in a chain A -> B -> C; fixed lengths", "synthetic", "make_chain3", 0.283)
@@ -257,14 +293,31 @@ _add(
     "dag10-wide", "planner -> 8 workers -> joiner; fixed lengths", "synthetic",
     "make_dag10_wide", 0.0160,
 )  # fmt: skip
-_add("metagpt-sop", "MetaGPT SOP: 5-role chain, PRD to tests", "metagpt", "make_sop", 0.0984)
+# The MetaGPT family sends MetaGPT's own cap, 4,096, on every call (`lengths`), so SGLang
+# reserves KV for up to 4,096 output tokens per call (x its new-token ratio) where exact lengths
+# reserved the true length: capacities 29-33% lower than with exact lengths (0.0984, 0.00591,
+# 0.00763, 0.0327; metagpt-tl-full 14%, 0.00155), re-measured with tests/test_default_rates.py
+# (`measure_capacity(name, (), a100-qwen32b, 18692)`) when the default became `cap`.
+_add(
+    "metagpt-sop", "MetaGPT SOP: 5-role chain, PRD to tests", "metagpt", "make_sop", 0.0659,
+    "cap",
+)  # fmt: skip
 _add(
     "metagpt-tl", "MetaGPT TeamLeader: 9-stage star, append-only TL memory", "metagpt",
-    "make_tl", 0.00591,
+    "make_tl", 0.00418, "cap",
 )  # fmt: skip
-_add("metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00763)
-_add("metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00155)
-_add("metagpt-replay", "a recorded MetaGPT run, replayed", "metagpt_replay", "make_replay", 0.0327)
+_add(
+    "metagpt-sop-full", "MetaGPT SOP, every call", "metagpt_sop_full", "make_sop_full", 0.00525,
+    "cap",
+)  # fmt: skip
+_add(
+    "metagpt-tl-full", "MetaGPT TL, every call", "metagpt_tl_full", "make_tl_full", 0.00134,
+    "cap",
+)  # fmt: skip
+_add(
+    "metagpt-replay", "a recorded MetaGPT run, replayed", "metagpt_replay", "make_replay",
+    0.0227, "cap",
+)  # fmt: skip
 
 
 def _trace_defaults(params: Mapping[str, Any]) -> tuple[int, float]:
@@ -278,6 +331,6 @@ WORKLOADS.add(
     WorkloadSpec(
         "trace", "a trace file (-w PATH, or --workload-param file=PATH)", 0.0,
         "its own arrivals (docs/workload-format.md)", _lazy("trace_file", "make_trace"),
-        _trace_defaults,
+        _trace_defaults, "file",
     ),
 )  # fmt: skip

@@ -2,8 +2,9 @@
 
 The schema is the format's published contract: line 1 must match ``$defs/header``, every other
 non-blank line ``$defs/task``. `schema_problems` reports every mismatch with its line and field,
-in the `TraceProblem` form the trace loader uses; `validate_text` (`workloads validate`) adds
-the loader's checks of what no single line shows (the DAG, agents, keys, the KV budget).
+in the `TraceProblem` form the trace checks use. `workloads validate` does not run it (about
+11 ms a task line with `jsonschema`, 50 times the checks' own cost): the checks refuse every line
+the schema refuses, and more (`tests/test_trace_file.py` holds them to that on mutated lines).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import json
 from importlib.resources import files
 from typing import Any
 
-from topas_bench.workloads.model import Workload
-from topas_bench.workloads.trace import TraceError, TraceProblem, json_error, loads_workload
+from topas_bench.workloads.trace import TraceProblem, json_error
 
 SCHEMA_FILE = "trace.schema.json"
 
@@ -61,21 +61,3 @@ def schema_problems(text: str) -> list[TraceProblem]:
     if first:
         problems.append(TraceProblem(1, "header", "empty file; expected a trace header"))
     return problems
-
-
-def validate_text(
-    text: str, *, source: str = "<string>", kv_budget_tokens: int | None = None
-) -> Workload:
-    """Check trace text against the schema and with the loader; raise one `TraceError` listing
-    the loader's problems and the schema's on lines the loader found none on."""
-    problems: list[TraceProblem] = []
-    w = None
-    try:
-        w = loads_workload(text, source=source, kv_budget_tokens=kv_budget_tokens)
-    except TraceError as e:
-        problems = list(e.problems)
-    flagged = {p.line for p in problems}
-    problems += [p for p in schema_problems(text) if p.line not in flagged]
-    if problems or w is None:
-        raise TraceError(source, sorted(problems, key=lambda p: p.line or 0))
-    return w

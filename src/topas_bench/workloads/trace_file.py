@@ -13,12 +13,19 @@ trace: `registry.resolve` turns it into this workload with ``file`` set. Paramet
   process started at t = 0 gives), is the default, so a run without ``--rate`` replays the file
   exactly. ``poisson`` draws new Poisson arrivals at the rate from the run's seed (the file's
   order of tasks is kept). With ``recorded`` the seed changes nothing.
+- ``max_tokens`` (`lengths`): ``file`` (default) sends each stage's own ``max_new_tokens``, so a
+  trace runs as written; ``exact`` overrides it with the stage's ``output_tokens`` (with
+  ``ignore_eos``); ``cap`` with ``max_tokens_cap`` (default 4,096) on every stage, each call
+  ending at EOS after its ``output_tokens``. The true lengths never change.
 
-Without ``--tasks`` a run takes every task of the file. More tasks than the file holds repeat
-it: copy ``r`` of task ``X`` is ``X~r``, its segment keys that start with ``X/`` (the task's own
-content: inputs, outputs) renamed to ``X~r/``, and, with recorded arrivals, its arrival shifted
-by ``r`` periods (the file's last arrival). A file whose tasks all arrive at t = 0 (one imported
-job) has no rate: run it as it is, or with ``arrivals=poisson`` and a rate.
+Without ``--tasks`` a run takes every task of the file. Fewer tasks than the file holds are
+its first by ``(arrival_s, id)``: only those are read in full (`trace_index`; the other
+lines for their id and arrival only), so `-n 1000` on a file of 300,000 tasks holds 1,000.
+More tasks than the file holds repeat it: copy ``r`` of task ``X`` is ``X~r``, its segment
+keys that start with ``X/`` (the task's own content: inputs, outputs) renamed to ``X~r/``, and,
+with recorded arrivals, its arrival shifted by ``r`` periods (the file's last arrival). A file
+whose tasks all arrive at t = 0 (one imported job) has no rate: run it as it is, or with
+``arrivals=poisson`` and a rate.
 """
 
 from __future__ import annotations
@@ -33,10 +40,13 @@ from typing import Any
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads import lengths
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.model import Segment, Task, Workload
 from topas_bench.workloads.registry import parse_params
 from topas_bench.workloads.trace import load_workload
+from topas_bench.workloads.trace_index import TraceScan, scan
+from topas_bench.workloads.trace_lines import check_trace_path
 
 NAME = "trace"
 ARRIVALS = ("recorded", "poisson")
@@ -46,8 +56,12 @@ ARRIVALS = ("recorded", "poisson")
 class TraceFileParams:
     file: str = ""
     arrivals: str = ARRIVALS[0]
+    max_tokens: str = lengths.FILE_MODES[0]
+    max_tokens_cap: int = lengths.METAGPT_CAP
 
     def __post_init__(self) -> None:
+        lengths.check_mode(self.max_tokens, lengths.FILE_MODES)
+        lengths.check_cap(self.max_tokens_cap)
         if not isinstance(self.file, str) or not self.file:
             raise TopasError("file must be the path of a workload trace (JSONL)")
         if self.arrivals not in ARRIVALS:
@@ -55,14 +69,19 @@ class TraceFileParams:
             raise TopasError(f"arrivals must be one of {known}, got {self.arrivals!r}")
 
 
-def load(file: str) -> Workload:
-    """The file's workload, read once per content (a rewritten file is read again)."""
-    path = Path(file)
-    try:
-        st = path.stat()
-    except OSError:
-        raise TopasError(f"workload file {file}: no such file") from None
-    return _load(path, st.st_mtime_ns, st.st_size)
+def load(file: str, tasks: int | None = None) -> Workload:
+    """The file's workload: all of its tasks, or, given `tasks` below its count, its first
+    `tasks` ones (`trace_index`). Read once per content (a rewritten file is read again)."""
+    key = _key(file)
+    if tasks is not None and (first := _scan(*key, tasks).first) is not None:
+        return first
+    return _load(*key)
+
+
+def _key(file: str) -> tuple[Path, int, int]:
+    path = check_trace_path(file)
+    st = path.stat()
+    return path, st.st_mtime_ns, st.st_size
 
 
 @functools.lru_cache(maxsize=8)
@@ -70,17 +89,21 @@ def _load(path: Path, mtime_ns: int, size: int) -> Workload:
     return load_workload(path)
 
 
-def own_rate(w: Workload) -> float | None:
-    """Tasks per second of the file's arrivals (tasks / last arrival); None when all are at 0."""
-    last = max(t.arrival_s for t in w.tasks)
-    return len(w.tasks) / last if last > 0 else None
+@functools.lru_cache(maxsize=8)
+def _scan(path: Path, mtime_ns: int, size: int, keep: int) -> TraceScan:
+    return scan(path, keep)
+
+
+def own_rate(count: int, last_arrival_s: float) -> float | None:
+    """Tasks per second of a file's arrivals (tasks / last arrival); None when all are at 0."""
+    return count / last_arrival_s if last_arrival_s > 0 else None
 
 
 def defaults(params: Mapping[str, Any]) -> tuple[int, float]:
     """(tasks, rate) of a run that gives neither: every task, the file's own rate (0 without
     one: its tasks arrive as recorded, all at t = 0)."""
-    w = load(parse_params(NAME, TraceFileParams, params).file)
-    return len(w.tasks), own_rate(w) or 0.0
+    found = _scan(*_key(parse_params(NAME, TraceFileParams, params).file), 1)
+    return found.tasks, own_rate(found.tasks, found.last_arrival_s) or 0.0
 
 
 def make_trace(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]) -> Workload:
@@ -90,29 +113,36 @@ def make_trace(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str
         raise TopasError(f"{where}: num_tasks must be a positive integer, got {num_tasks}")
     if not (math.isfinite(rate_per_s) and rate_per_s >= 0):
         raise TopasError(f"{where}: rate_per_s must be a number >= 0, got {rate_per_s}")
-    w = load(p.file)
-    base = sorted(w.tasks, key=lambda t: (t.arrival_s, t.id))
-    k = len(base)
-    times, scale = _arrivals(p, w, base, num_tasks, rate_per_s, seed)
+    lengths.check_given(where, overrides, p.max_tokens)
+    found = _scan(*_key(p.file), num_tasks)  # the count and last arrival of the whole file
+    w = load(p.file, num_tasks)
+    try:
+        base = list(lengths.apply_tasks(w.tasks, p.max_tokens, p.max_tokens_cap))
+    except TopasError as e:
+        raise TopasError(f"{where}: {e}") from None
+    base.sort(key=lambda t: (t.arrival_s, t.id))
+    k = len(base)  # all of the file, or its first `num_tasks`
+    times, scale = _arrivals(p, found, base, num_tasks, rate_per_s, seed)
     tasks = tuple(
         _copy(base[i % k], i // k, float(times[i])) for i in range(num_tasks)
     )  # fmt: skip
     params = {
         "file": p.file, "arrivals": p.arrivals, "name": w.name, "num_tasks": num_tasks,
         "rate_per_s": rate_per_s, "time_scale": scale,
+        **lengths.setting(NAME, {lengths.MODE: p.max_tokens, lengths.CAP: p.max_tokens_cap}),
     }  # fmt: skip
     return Workload(w.name, w.agents, tasks, params, seed, generator=NAME)
 
 
 def _arrivals(
-    p: TraceFileParams, w: Workload, base: list[Task], n: int, rate: float, seed: int
+    p: TraceFileParams, found: TraceScan, base: list[Task], n: int, rate: float, seed: int
 ) -> tuple[np.ndarray, float | None]:
     """Arrival times, and the factor the recorded ones were scaled by (None: Poisson)."""
     if p.arrivals == "poisson":
         if rate <= 0:
             raise TopasError(f"workload {p.file}: arrivals=poisson needs a rate (--rate or --load)")
         return poisson_arrivals(np.random.Generator(np.random.PCG64(seed)), n, rate), None
-    own = own_rate(w)
+    own = own_rate(found.tasks, found.last_arrival_s)
     if own is None and rate > 0:
         raise TopasError(
             f"workload {p.file}: every task arrives at t = 0, so there is no rate to scale; "
@@ -121,7 +151,7 @@ def _arrivals(
     if own is not None and rate <= 0:
         raise TopasError(f"workload {p.file}: rate_per_s must be > 0, got {rate}")
     k = len(base)
-    period = base[-1].arrival_s
+    period = found.last_arrival_s  # the whole file's, when only its first tasks were read
     scale = own / rate if own is not None else 1.0
     times = np.array([(base[i % k].arrival_s + (i // k) * period) * scale for i in range(n)])
     return times, scale

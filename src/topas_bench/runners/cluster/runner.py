@@ -1,6 +1,6 @@
 """One cell on the simulated cluster (`--engine sim --replicas N --router NAME`).
 
-The cell holds the single-server layout (DESIGN section 8): `requests`, `tasks`, `timeline`
+The cell holds the single-server layout (docs/design.md section 8): `requests`, `tasks`, `timeline`
 and `decisions` tables and `run.json`, each table over all replicas with a `replica` column
 (a task's: the replica that served its last stage; `replicas_used`: how many replicas served
 its stages). `run.json`'s summary is the whole cluster's, its counters the sums over replicas,

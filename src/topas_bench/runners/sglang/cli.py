@@ -26,7 +26,11 @@ def serve(
         str, typer.Option("--scheduler", "-s", help="Scheduler the plugin installs.")
     ] = "topas",
     scheduler_param: Annotated[
-        list[str] | None, typer.Option("--scheduler-param", help="key=value (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--scheduler-param",
+            help="Scheduler parameter, name.key=value as in `run` (repeatable).",
+        ),
     ] = None,
     preset: Annotated[
         str, typer.Option(help="Cost-model preset for the estimator's prior.")
@@ -40,10 +44,12 @@ def serve(
     Everything after `--` goes to `python -m sglang.launch_server` unchanged. Send task metadata
     in `custom_params` (see docs/gpu.md); requests without it are served as independent tasks.
 
-    Example:
+    Examples:
       topas-bench serve --scheduler topas -- --model-path Qwen/Qwen2.5-32B-Instruct --port 30000
+      topas-bench serve -s topas --scheduler-param topas.beta=0.2 -- --model-path M --port 30000
     """
-    from topas_bench.cli_common import parse_assignments
+    from topas_bench.cli_common import parse_scheduler_params
+    from topas_bench.errors import TopasError
     from topas_bench.runners.sglang.launcher import (
         check_server_python,
         plugin_env,
@@ -52,7 +58,14 @@ def serve(
     from topas_bench.runners.sim.cost import load_preset
     from topas_bench.schedulers.registry import make_policy
 
-    params = parse_assignments(scheduler_param or [], "--scheduler-param")
+    grouped = parse_scheduler_params(scheduler_param or [])
+    for name in grouped:
+        if name != scheduler:
+            raise TopasError(
+                f"--scheduler-param for {name!r}, but this server runs {scheduler!r} "
+                f"(write {scheduler}.KEY=VALUE)"
+            )
+    params = grouped.get(scheduler, {})
     make_policy(scheduler, **params)  # a bad name or parameter fails here, not in the server
     preset = load_preset(preset).source or preset  # a file: its absolute path, for the server
     exe = python or sys.executable

@@ -2,14 +2,29 @@
 
 asyncio throughout. Each task starts at its arrival time (relative to the run's start); each
 stage is sent `delay_s` after its last dependency finishes, as a streaming `/v1/completions`
-request whose prompt has the exact per-segment token counts (`prompts.PromptBuilder`), with
-`max_tokens` = the stage's output length and `ignore_eos`, so outputs have exact lengths. The
-first streamed token gives TTFT; the final usage block gives the token counts, which are
-checked against the workload.
+request whose prompt has the exact per-segment token counts (`prompts.PromptBuilder`). The first
+streamed token gives TTFT; the usage block gives the token counts, which are checked against the
+workload. The output ends at the stage's length either way its `max_new_tokens`
+(`workloads.lengths`) asks:
+
+- exact (`max_new_tokens` = the output length): `max_tokens` = that length with `ignore_eos`,
+  so the server ends the call there.
+- a cap (`max_new_tokens` above the output, e.g. MetaGPT's 4,096): `max_tokens` = the cap,
+  without `ignore_eos`, as a real client sends it, so the server reserves KV for it as for any
+  call that may end at EOS. A real model would end where it likes; to end at the stage's length
+  the client sends `min_tokens` = that length (SGLang and vLLM: no EOS before it) and asks for
+  usage on every chunk (`stream_options.continuous_usage_stats`), then closes the stream once
+  that many tokens came (the server aborts a call whose client left). The call's finish is that
+  moment and its output those tokens; the server will have decoded more by then, since a
+  streamed chunk may carry several tokens (vLLM on CPU sent 67 of a 60-token call once) and it
+  notices the disconnect a step or more later. `min_tokens` is in
+  the request's sampling parameters but in no view a policy gets (the plugin's view reads only
+  the cap and `ignore_eos`, `adapter.SglangView`). A server that does not send per-chunk usage
+  is counted by its streamed chunks (one per decode step on SGLang and vLLM by default).
 
 The server is reached through the `openai` package (`api`): one `AsyncOpenAI` per run, its
-connection pool, timeouts and retries; the task metadata (`custom_params`) and `ignore_eos`
-travel in `extra_body`, the usage block comes with `stream_options.include_usage`.
+connection pool, timeouts and retries; the task metadata (`custom_params`), `ignore_eos` and
+`min_tokens` travel in `extra_body`, the usage block comes with `stream_options.include_usage`.
 
 Robustness: at most `concurrency` requests in flight; openai retries a request that fails
 before its answer starts (connection errors, HTTP 408/409/429/5xx: e.g. a server restarting)
@@ -194,9 +209,14 @@ class WorkflowClient:
         )  # fmt: skip
 
     def _extra(self, task: Task, st: Stage, arrival_s: float) -> dict[str, Any]:
-        """What the OpenAI API has no field for: SGLang's (and vLLM's) `ignore_eos`, and the
-        task metadata the topas plugin reads."""
+        """What the OpenAI API has no field for: SGLang's (and vLLM's) `ignore_eos` (exact) or
+        `min_tokens` (a cap: no EOS before the stage's length), and the task metadata the topas
+        plugin reads."""
         extra: dict[str, Any] = {"ignore_eos": True}
+        if not exact_length(st):
+            # the body's stream_options, replaced whole (openai merges extra_body shallowly)
+            usage = {"include_usage": True, "continuous_usage_stats": True}
+            extra = {"min_tokens": st.output_tokens, "stream_options": usage}
         if self.cfg.tag_requests:
             prefix = self.prefix_tokens.get(st.agent, st.prompt[0].tokens)
             extra["custom_params"] = metadata.encode(task, st, self._unix0 + arrival_s, prefix)
@@ -241,9 +261,11 @@ class WorkflowClient:
         pieces = 0
         served_by = ""
         sent = self.now()
+        exact = exact_length(st)
+        cut = False  # the client ended the call at the stage's length (a cap)
         try:
             stream = await self._api.completions.create(
-                model=self.cfg.model, prompt=text, max_tokens=st.output_tokens, temperature=0.0,
+                model=self.cfg.model, prompt=text, max_tokens=st.max_new_tokens, temperature=0.0,
                 stream=True, stream_options={"include_usage": True}, extra_body=extra,
             )  # fmt: skip
         except Exception as e:
@@ -258,15 +280,23 @@ class WorkflowClient:
                             first = self.now()
                     if chunk.usage is not None:
                         usage = chunk.usage
+                    got = int(usage.completion_tokens) if usage is not None else pieces
+                    if not exact and got >= st.output_tokens:
+                        cut = True  # the stage's EOS: stop reading, close the stream
+                        break
         except Exception as e:
             err = classify(e, url)
             raise (_Retry(str(err)) if isinstance(err, TransientError) else err) from None
         finally:
             await stream.close()
         finish = self.now()
-        if usage is None:  # the stream was cut before its usage block
+        if cut:  # the call's output is its first `output_tokens` tokens, whatever came after
+            prompt = int(usage.prompt_tokens) if usage is not None else st.prompt_tokens
+            output = st.output_tokens
+        elif usage is None:  # the stream was cut before its usage block
             raise _Retry(f"{url}: the stream ended without a usage block")
-        prompt, output = int(usage.prompt_tokens), int(usage.completion_tokens)
+        else:
+            prompt, output = int(usage.prompt_tokens), int(usage.completion_tokens)
         details = usage.prompt_tokens_details
         cached = getattr(details, "cached_tokens", None) if details is not None else None
         status = "ok"
@@ -284,6 +314,12 @@ class WorkflowClient:
 
 class _Retry(TransientError):
     """A stream cut mid-way or an attempt that timed out: sent again by the client."""
+
+
+def exact_length(st: Stage) -> bool:
+    """Whether the client asks for the exact length (`ignore_eos`): its cap is the output
+    length, as the simulator and the reference engine infer it (`runners.sim.state`)."""
+    return st.max_new_tokens == st.output_tokens
 
 
 def prefix_lengths(w: Workload) -> dict[str, int]:

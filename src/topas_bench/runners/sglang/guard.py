@@ -1,4 +1,4 @@
-"""Keep a failing policy from taking the SGLang scheduler process down (DESIGN section 7:
+"""Keep a failing policy from taking the SGLang scheduler process down (docs/design.md section 7:
 nothing a request carries may crash the server).
 
 The plugin calls the policy at every scheduling point inside SGLang's scheduler process; an

@@ -1,4 +1,4 @@
-"""Starting, watching and stopping an inference server on 127.0.0.1 (DESIGN section 7).
+"""Starting, watching and stopping an inference server on 127.0.0.1 (docs/design.md section 7).
 
 One `Server` per scheduler: it picks a free port, starts the server in its own process group
 with stdout and stderr appended to a log file in the run directory, waits until `/health`

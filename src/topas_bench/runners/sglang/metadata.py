@@ -1,5 +1,5 @@
 """Task metadata on the wire: what the workflow client attaches to each request, and what the
-plugin parses back (DESIGN section 7).
+plugin parses back (docs/design.md section 7).
 
 It travels in `custom_params` (top-level in OpenAI chat/completions, inside `sampling_params`
 on `/generate`), never in `extra_key`/`cache_salt`, which would split the radix tree. SGLang

@@ -1,6 +1,6 @@
 """Deterministic prompt text with exact per-segment token counts, in the server's tokenizer.
 
-Each segment (DESIGN section 2) becomes text made of words that are one token each in the
+Each segment (docs/design.md section 2) becomes text made of words that are one token each in the
 model's tokenizer, each preceded by a space: " w1 w2 ... wn" is n tokens for tokenizers that
 split words at spaces before merging (byte-level BPE as in Llama-3 and Qwen2, WordLevel), so
 segments concatenate without merging across their boundary. The words are drawn from a fixed

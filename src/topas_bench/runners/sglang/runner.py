@@ -2,7 +2,7 @@
 
 Per scheduler: start an SGLang server with the topas plugin set to that scheduler (or use
 `--endpoint`), run the workload through the workflow client, write the same files as `sim`
-(DESIGN section 8). Finished tasks are journaled as they end (`partial.jsonl` in the run
+(docs/design.md section 8). Finished tasks are journaled as they end (`partial.jsonl` in the run
 directory), so a crash of the server, of the client or of this process loses nothing: the
 launcher restarts a dead server (up to `max_restarts`) while the client's retries wait, and a
 rerun of the same command resumes with the tasks not yet done (a resumed run starts its first
@@ -52,6 +52,7 @@ from topas_bench.runners.sim.records import (
     TASK_COLUMNS,
     TIMELINE_COLUMNS,
 )
+from topas_bench.workloads.lengths import lengths_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -142,7 +143,7 @@ def identity(plan: RunPlan, scheduler: str, opts: SglangOptions) -> RunIdentity:
         seed=plan.seed, scheduler=scheduler, preset=plan.preset.name,
         kv_budget_tokens=0 if plan.kv_budget_derived else plan.kv_budget_tokens, engine="sglang",
         engine_version=engine_version("sglang"),
-        workload_params=dict(plan.workload_params),
+        workload_params=plan.identity_workload_params,
         scheduler_params=dict(plan.scheduler_params.get(scheduler, {})),
         engine_params=engine_params,
     )  # fmt: skip
@@ -326,6 +327,7 @@ def _finish(
     fleet: Fleet | None, wall_s: float, attempted: int,
 ) -> CellResult:  # fmt: skip
     from topas_bench.analysis.metrics import RunTables, run_info
+    from topas_bench.invariants import jct_floors, no_floor
     from topas_bench.plan import CellResult
     from topas_bench.unloaded import with_unloaded_jct
 
@@ -391,7 +393,8 @@ def _finish(
         "workload_digest": digest, "resumed": attempted < plan.num_tasks,
         **({"cluster": cluster} if cluster is not None else {}),
     }  # fmt: skip
-    write_run(run_dir, ident, tables, info)
+    # a real server's speed is unknown: only the client's own delays bound a JCT
+    write_run(run_dir, ident, tables, info, jct_floor_s=jct_floors(plan.workload, no_floor))
     extra = {"per_replica": cluster["per_replica"]} if cluster is not None else {}
     return CellResult(ident.scheduler, run_dir, summary, span, wall_s, extra=extra)
 
@@ -405,6 +408,7 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     where = f"endpoint {opts.endpoint}" if opts.endpoint else f"model {opts.model}"
     budget = "server default" if plan.kv_budget_derived else f"{plan.kv_budget_tokens:,} tokens"
     console.print(f"engine sglang, {where}, KV budget {budget}")
+    console.print(lengths_line(plan.workload_name, plan.workload.params), markup=False)
     if plan.cluster is not None:
         console.print(f"cluster: {plan.cluster.describe()} (sglang-router 0.3.2)", markup=False)
     console.print(f"schedulers: {', '.join(plan.schedulers)}")

@@ -20,9 +20,11 @@ import pandas as pd
 
 from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.errors import TopasError
+from topas_bench.invariants import cost_floor, jct_floors
 from topas_bench.plan import CellResult, RunPlan, stored_cell, workload_digest
 from topas_bench.results import TABLES, write_run
 from topas_bench.runners.sglang_cpu.job import Cell, Job, ServerSettings
+from topas_bench.runners.sim.cost import CostModel
 from topas_bench.unloaded import with_unloaded_jct
 from topas_bench.workloads.trace import dumps_workload
 
@@ -174,6 +176,7 @@ def _store(plan: RunPlan, scheduler: str, cell_dir: Path, digest: str) -> CellRe
             "wall_s": info["wall_s"], "load": plan.load, "capacity_tps": plan.capacity_tps,
             "workload_digest": digest,
         },
+        jct_floor_s=jct_floors(plan.workload, cost_floor(CostModel(plan.preset))),
     )  # fmt: skip
     return CellResult(scheduler, run_dir, summary, info["sim_time_s"], info["wall_s"])
 

@@ -1,1 +1,2 @@
-"""The simulated engine (DESIGN section 4): an SGLang-faithful event loop and its cost model."""
+"""The simulated engine (docs/design.md section 4): an SGLang-faithful event loop and its cost
+model."""

@@ -9,8 +9,10 @@ from typing import Any
 import pandas as pd
 
 from topas_bench.analysis.metrics import RunTables, run_info
+from topas_bench.invariants import cost_floor, jct_floors
 from topas_bench.plan import CellResult, RunPlan
 from topas_bench.results import RunIdentity, write_run
+from topas_bench.runners.sim.cost import CostModel
 from topas_bench.unloaded import with_unloaded_jct
 
 
@@ -41,5 +43,6 @@ def write_sim_cell(
         "workload_digest": digest,
         **(extra or {}),
     }
-    write_run(run_dir, ident, tables, info)
+    floors = jct_floors(plan.workload, cost_floor(CostModel(plan.preset)))
+    write_run(run_dir, ident, tables, info, jct_floor_s=floors)
     return CellResult(scheduler, run_dir, recorded["summary"], sim_time_s, wall_s)

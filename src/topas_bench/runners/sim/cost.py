@@ -1,4 +1,5 @@
-"""Hardware presets and the per-iteration cost model of the simulated engine (DESIGN section 4).
+"""Hardware presets and the per-iteration cost model of the simulated engine (docs/design.md
+section 4).
 
 A preset is data: one TOML file per GPU x model pair in ``presets/``, parsed into frozen
 dataclasses whose field names carry their units. `CostModel` turns a preset into iteration
@@ -82,7 +83,7 @@ class ModelSpec:
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """Achieved fractions of peak and fixed overheads; defaults are DESIGN section 4's."""
+    """Achieved fractions of peak and fixed overheads; defaults are docs/design.md section 4's."""
 
     eta_c: float = 0.55
     eta_w: float = 0.72
@@ -205,6 +206,34 @@ class CostModel:
         np.maximum(compute, context, out=compute)
         compute += self._fixed_s + self._req_s * batch
         return compute
+
+    def least_call_s(self, prompt_tokens: int, output_tokens: int) -> float:
+        """A lower bound on any call's time from ready to finish: each output token needs an
+        iteration of its own, which costs at least a batch-of-one decode step over the call's
+        context at that token (`_iteration_s` grows in every argument). Equals
+        ``decode_steps_s(1, prompt_tokens, output_tokens).sum()``, in closed form: the sum of
+        the larger of two lines in the context (compute and memory) over the call's tokens."""
+        lo, n = prompt_tokens, output_tokens
+        if n <= 0:
+            return 0.0
+        lin, attn, weight, kv = self._lin_s, self._attn_s, self._weight_s, self._kv_s
+        # memory >= compute for contexts below `cross` when attn > kv (above it otherwise)
+        slope = attn - kv
+        cross = (weight - lin) / slope if slope else (math.inf if weight >= lin else -math.inf)
+        below = (
+            min(max(math.ceil(cross) - lo, 0), n)
+            if math.isfinite(cross)
+            else (n if cross > 0 else 0)
+        )
+        mem_first = slope >= 0  # memory bound for the smaller contexts
+
+        def line(a: float, b: float, first: int, count: int) -> float:  # sum of a + b c
+            return count * a + b * (2 * first + count - 1) * count / 2 if count else 0.0
+
+        low = (weight, kv) if mem_first else (lin, attn)
+        high = (lin, attn) if mem_first else (weight, kv)
+        fixed = n * (self._fixed_s + self._req_s)
+        return fixed + line(*low, lo, below) + line(*high, lo + below, n - below)
 
     def host_load_s(self, tokens: int) -> float:
         """Copy ``tokens`` of KV from host memory back to the GPU (HiCache-like tier)."""

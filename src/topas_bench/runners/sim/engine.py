@@ -1,4 +1,5 @@
-"""The discrete-event simulator of one SGLang server (DESIGN section 4), mirroring SGLang 0.5.23.
+"""The discrete-event simulator of one SGLang server (docs/design.md section 4), mirroring SGLang
+0.5.23.
 
 Events live in a heap of `(time, seq, kind, payload)`; `seq` is per simulator, so runs are
 deterministic and nothing leaks between runs. Kinds: a task arrives, a stage's request is sent

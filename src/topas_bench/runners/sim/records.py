@@ -1,9 +1,8 @@
 """What a run records: per-request, per-task, per-iteration and per-decision tables.
 
-Both engines write the same columns (STYLE 7), so analysis cannot tell them apart except by the
-run's identity. The recorder only appends tuples during the run; DataFrames are built once, at
-the end, outside the event loop.
-"""
+Both engines write the same columns (docs/design.md section 8), so analysis cannot tell them apart
+except by the run's identity. The recorder only appends tuples during the run; DataFrames are built
+once, at the end, outside the event loop."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ class SimRequest:
         #: The cap the server applies (`Scheduler.init_req_max_new_tokens` clips the client's).
         self.max_new_tokens = max_new_tokens
         self._true_output = stage.output_tokens
-        # A client that asks for the exact length sends ignore_eos (DESIGN section 7).
+        # A client that asks for the exact length sends ignore_eos (docs/design.md section 7).
         self.ignore_eos = stage.max_new_tokens == stage.output_tokens
         self.generated = 0
         self.sent_s = now_s  # the client sent it

@@ -1,8 +1,8 @@
 """TOPAS's parameters: every choice the paper leaves open, named, with its default and reason.
 
-The paper (arXiv 2608.25523, as summarised in DESIGN section 5) fixes the score's shape but not
-its constants. Defaults marked (tuned) came from `topas-bench tune` on tuning seeds 101-103,
-kept apart from the evaluation seeds 0-4 (docs/topas.md gives the commands and numbers).
+The paper (arXiv 2608.25523, as summarised in docs/design.md section 5) fixes the score's shape
+but not its constants. Defaults marked (tuned) came from `topas-bench tune` on tuning seeds
+101-103, kept apart from the evaluation seeds 0-4 (docs/topas.md gives the commands and numbers).
 
 Time scales are the workload's own: T0, the mean unloaded JCT of the tasks seen so far (each
 task's expected critical path when it is first seen, without queueing), measured online.
@@ -51,7 +51,7 @@ from topas_bench.schedulers.base import (
 )
 
 NAME = "topas"
-#: The paper's names for three parameters (DESIGN section 5), accepted as aliases.
+#: The paper's names for three parameters (docs/design.md section 5), accepted as aliases.
 ALIASES = {"K": "max_actions", "M": "max_agents", "H_age": "h_age_s"}
 
 

@@ -1,4 +1,5 @@
-"""Expected remaining critical paths of tasks, and the admission gain delta (DESIGN section 5).
+"""Expected remaining critical paths of tasks, and the admission gain delta (docs/design.md
+section 5).
 
 L_i is the longest expected remaining service path of task i's DAG: a reverse topological pass
 with stage weights from the shared estimator (running stages: residual service given what they

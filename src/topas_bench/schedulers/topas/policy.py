@@ -1,6 +1,6 @@
 """TOPAS: a task-oriented, prefix-aware scheduler that decides jointly which agents stay
 resident and which of their requests run, under one KV budget (arXiv 2608.25523, as summarised
-in DESIGN section 5; docs/topas.md describes this implementation and where it departs).
+in docs/design.md section 5; docs/topas.md describes this implementation and where it departs).
 
 At each scheduling point (every iteration while requests wait: `acts_while_full`, SGLang's
 priority-preemption door), TOPAS

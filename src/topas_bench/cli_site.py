@@ -1,0 +1,80 @@
+"""`topas-bench site`: a static site of a results directory (`topas_bench.analysis.site`)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from topas_bench.cli_common import check_out_dir, handles_errors, out, parse_assignments
+from topas_bench.errors import TopasError
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(site)
+
+
+@handles_errors
+def site(
+    results: Annotated[
+        Path, typer.Argument(help="A run tree, or a directory of them and of report directories.")
+    ],
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Site directory (default: RESULTS/site).")
+    ] = None,
+    runs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--runs", help="NAME=DIR: the run tree behind RESULTS/NAME's report (repeatable)."
+        ),
+    ] = None,
+    history: Annotated[
+        Path | None,
+        typer.Option(help="The nightly history's series directory (`history append --history`)."),
+    ] = None,
+    slo: Annotated[str, typer.Option(help="Goodput's SLO for run trees: Nx or Ns.")] = "2x",
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="Leave out unreadable or partial runs (listed).")
+    ] = False,
+    allow_mixed_revisions: Annotated[
+        bool,
+        typer.Option("--allow-mixed-revisions", help="Show runs of several code revisions."),
+    ] = False,
+) -> None:
+    """Write a static site of RESULTS: a headline page (TOPAS against the best of all per
+    workload and metric, with intervals, seeds, engine, settings, code revision), one page per
+    workload (every setting's JCT table, CDF, load curve, stage latency, the mechanism
+    timeline, the regime map where the results hold a load x KV grid), ablations, fidelity and
+    the nightly history. No server, no network: open OUT/index.html from disk.
+
+    RESULTS is one run tree (a sweep's --out) or a directory of sources: run trees and report
+    directories (report.csv, without the runs), ordered and titled by RESULTS/site.toml.
+
+    Examples:
+      topas-bench site results --out results/site
+      topas-bench site runs/nightly --history history/series --out site
+      topas-bench site results --runs evaluation-paper=runs/eval-paper --out /tmp/site
+    """
+    from topas_bench.analysis.metrics import Slo
+    from topas_bench.analysis.site import Options, build_site
+
+    behind = {k: Path(str(v)) for k, v in parse_assignments(runs or [], "--runs").items()}
+    for name, path in behind.items():
+        if not path.is_dir():
+            raise TopasError(f"--runs {name}={path}: not a directory")
+    target = check_out_dir(out_dir or results / "site")
+    words = ["topas-bench", "site", str(results), "--out", str(target)]
+    words += [f"--runs={k}={v}" for k, v in behind.items()]
+    words += [f"--history={history}"] if history else []
+    words += [f"--slo={slo}"] if slo != "2x" else []
+    words += ["--skip-bad"] * skip_bad + ["--allow-mixed-revisions"] * allow_mixed_revisions
+    opts = Options(Slo.parse(slo), skip_bad, allow_mixed_revisions)
+    result = build_site(results, target, shlex.join(words), runs=behind, history=history,
+                        opts=opts)  # fmt: skip
+    out.print(
+        f"site of {', '.join(result.sources)}: {len(result.pages)} pages, {result.files} files "
+        f"in {result.out}; open {result.out / 'index.html'}",
+        markup=False,
+    )
