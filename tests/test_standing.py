@@ -26,10 +26,16 @@ from topas_bench.runners.sim.records import SimResult
 from topas_bench.schedulers.base import Decision, EngineView, Standing
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.registry import make_policy
+from topas_bench.schedulers.topas.standing import LADDER
+from topas_bench.workloads.model import Workload
 from topas_bench.workloads.registry import generate, run_defaults
 
 PRESET = load_preset("a100-qwen32b")
 WORKLOADS = ("chain3", "dag4", "dag10-wide", "metagpt-sop", "metagpt-tl")
+#: The client's length settings (`workloads.lengths`): exact lengths with ignore_eos (the
+#: reservation counts every remaining token), and MetaGPT's cap ending at EOS (the reservation
+#: decays with `new_token_ratio`, so the admission budget drifts up as well as down).
+MODES = ("exact", "cap")
 #: The smallest budget each workload's largest call allows, rounded up: memory-bound.
 SMALL = {"chain3": 9000, "dag4": 9000, "dag10-wide": 9000, "metagpt-sop": 9000,
          "metagpt-tl": 14000}  # fmt: skip
@@ -37,23 +43,35 @@ SMALL = {"chain3": 9000, "dag4": 9000, "dag10-wide": 9000, "metagpt-sop": 9000,
 TASKS = {"chain3": 16, "dag4": 12, "dag10-wide": 8, "metagpt-sop": 12, "metagpt-tl": 8}
 #: Arrival rates, a multiple of each workload's default: queues, so that decisions stand.
 LOAD = 2.0
-#: (seed, KV budget, host tier tokens) of each setting.
+#: (seed, KV budget, host tier tokens) of each setting; cap mode draws its own seeds (+3).
 SETTINGS = {"derived": (0, None, 0), "small": (1, "small", 0), "host": (2, "small", 100_000)}
 
 
-def simulate(
-    workload: str, setting: str, *, stand: bool, scheduler: str = "topas", tasks: int = 0
-) -> SimResult:
+def case(workload: str, setting: str, mode: str, tasks: int = 0) -> tuple[Workload, SimConfig]:
+    """The sampled workload and the engine settings of one differential case."""
     seed, budget, host = SETTINGS[setting]
     kv = SMALL[workload] if budget == "small" else PRESET.derived_kv_budget_tokens
-    w = sample(workload, tasks or TASKS[workload], seed)
-    cfg = SimConfig(kv_budget_tokens=kv, host_tier_tokens=host)
+    seed += 3 * MODES.index(mode)
+    w = sample(workload, tasks or TASKS[workload], seed, mode)
+    return w, SimConfig(kv_budget_tokens=kv, host_tier_tokens=host)
+
+
+def simulate(
+    workload: str,
+    setting: str,
+    *,
+    stand: bool,
+    mode: str = "exact",
+    scheduler: str = "topas",
+    tasks: int = 0,
+) -> SimResult:
+    w, cfg = case(workload, setting, mode, tasks)
     return Simulator(w, make_policy(scheduler), CostModel(PRESET), cfg, stand=stand).run()
 
 
-def sample(workload: str, tasks: int, seed: int) -> Any:
+def sample(workload: str, tasks: int, seed: int, mode: str = "exact") -> Workload:
     rate = run_defaults(workload, {})[1] * LOAD
-    return generate(workload, num_tasks=tasks, rate_per_s=rate, seed=seed)
+    return generate(workload, num_tasks=tasks, rate_per_s=rate, seed=seed, max_tokens=mode)
 
 
 def acted(decisions: pd.DataFrame) -> pd.DataFrame:
@@ -63,6 +81,8 @@ def acted(decisions: pd.DataFrame) -> pd.DataFrame:
 
 
 def differences(fast: SimResult, slow: SimResult) -> list[str]:
+    """What differs between two runs: the requests' and tasks' tables (every time and count,
+    to the last bit), the decisions that act, the iteration and preemption counts."""
     out = [name for name in ("requests", "tasks") if not getattr(fast, name).equals(
         getattr(slow, name))]  # fmt: skip
     if not acted(fast.decisions).equals(acted(slow.decisions)):
@@ -72,34 +92,76 @@ def differences(fast: SimResult, slow: SimResult) -> list[str]:
     return out
 
 
-def _case(workload: str, setting: str) -> Any:
-    slow = workload in ("dag10-wide", "metagpt-sop", "metagpt-tl") or setting != "derived"
-    return pytest.param(workload, setting, marks=[pytest.mark.slow] if slow else [])
+#: The cases cheap enough for the default run (the rest are slow-marked: about 2 minutes).
+QUICK = {("chain3", "derived"), ("dag4", "derived")}
+
+
+def _case(workload: str, setting: str, mode: str) -> Any:
+    slow = (workload, setting) not in QUICK
+    return pytest.param(workload, setting, mode, marks=[pytest.mark.slow] if slow else [])
 
 
 @pytest.mark.parametrize(
-    ("workload", "setting"), [_case(w, s) for w in WORKLOADS for s in SETTINGS]
+    ("workload", "setting", "mode"),
+    [_case(w, s, m) for m in MODES for w in WORKLOADS for s in SETTINGS],
 )
-def test_fast_path_is_the_step_by_step_path(workload: str, setting: str) -> None:
-    fast = simulate(workload, setting, stand=True)
-    slow = simulate(workload, setting, stand=False)
+def test_fast_path_is_the_step_by_step_path(workload: str, setting: str, mode: str) -> None:
+    fast = simulate(workload, setting, stand=True, mode=mode)
+    slow = simulate(workload, setting, stand=False, mode=mode)
     assert differences(fast, slow) == []
     assert len(fast.decisions) < len(slow.decisions)  # the fast path did skip attempts
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workload", ["dag4", "metagpt-tl"])
-def test_fast_path_holds_for_the_no_joint_ablation(workload: str) -> None:
-    fast = simulate(workload, "small", stand=True, scheduler="topas-no-joint")
-    slow = simulate(workload, "small", stand=False, scheduler="topas-no-joint")
+@pytest.mark.parametrize("mode", MODES)
+def test_fast_path_holds_for_the_no_joint_ablation(workload: str, mode: str) -> None:
+    fast = simulate(workload, "small", stand=True, mode=mode, scheduler="topas-no-joint")
+    slow = simulate(workload, "small", stand=False, mode=mode, scheduler="topas-no-joint")
     assert differences(fast, slow) == []
+
+
+def one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutation: every closed-form run covers one attempt more than its stand allows
+    (`runners.sim.standing.run_steps`, where the stand is what ends the run; a run still ends
+    at the engine's own events)."""
+    right = sim_standing.run_steps
+
+    def late(sim: Any, stand: Any, k: int, durs: Any, ends: Any) -> int:
+        return min(right(sim, stand, k, durs, ends) + 1, k)
+
+    monkeypatch.setattr(sim_standing, "run_steps", late)
+
+
+#: Differential cases where a standing's bound is exact somewhere (a request fits at the one
+#: step the decaying reservation first lets it, or a budget band's edge is crossed), so that
+#: a bound one step late changes the results; the quick ones run by default.
+SHARP = [
+    pytest.param("chain3", "derived", "cap"),
+    pytest.param("dag4", "derived", "cap"),
+    pytest.param("metagpt-sop", "small", "exact", marks=[pytest.mark.slow]),
+    pytest.param("metagpt-tl", "host", "exact", marks=[pytest.mark.slow]),
+    pytest.param("metagpt-sop", "host", "cap", marks=[pytest.mark.slow]),
+    pytest.param("metagpt-tl", "host", "cap", marks=[pytest.mark.slow]),
+]
+
+
+@pytest.mark.parametrize(("workload", "setting", "mode"), SHARP)
+def test_the_differential_test_catches_a_bound_one_step_late(
+    workload: str, setting: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`test_fast_path_is_the_step_by_step_path` fails on its own cases when the bound is one
+    step too late: waking late is a bug the comparison sees."""
+    slow = simulate(workload, setting, stand=False, mode=mode)
+    assert differences(simulate(workload, setting, stand=True, mode=mode), slow) == []
+    one_step_late(monkeypatch)
+    assert differences(simulate(workload, setting, stand=True, mode=mode), slow) != []
 
 
 def test_a_bound_one_step_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison is sharp where a bound is exact: on a stream whose admission comes at
     the one step the budget first lets it fit, a run that covers one attempt more than the
-    stand allows (`run_steps`, where the stand is what ends the run) changes the results.
-    (On the five workloads the engine's own events end almost every run first.)"""
+    stand allows changes the results."""
     w = budget_flip_workload()
 
     def run(stand: bool) -> SimResult:
@@ -110,26 +172,23 @@ def test_a_bound_one_step_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
     slow, fast = run(False), run(True)
     assert differences(fast, slow) == []
     assert len(fast.decisions) < len(slow.decisions) / 10
-    right = sim_standing.run_steps
-
-    def late(sim: Any, stand: Any, k: int, durs: Any, ends: Any) -> int:
-        return min(right(sim, stand, k, durs, ends) + 1, k)
-
-    monkeypatch.setattr(sim_standing, "run_steps", late)
+    one_step_late(monkeypatch)
     assert differences(run(True), slow) != []
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("replicas", "router", "kv"), [(3, "cache-aware", 0), (2, "round-robin", 14000)]
+    ("replicas", "router", "kv", "mode"),
+    [(3, "cache-aware", 0, "exact"), (2, "round-robin", 14000, "cap")],
 )
-def test_fast_path_on_a_cluster(replicas: int, router: str, kv: int) -> None:
+def test_fast_path_on_a_cluster(replicas: int, router: str, kv: int, mode: str) -> None:
     """Replicas cut their runs where a request reaches them (`runners.cluster.replica`): the
     attempts a cut run covered are replayed as they were, the ratio decays as step by step."""
     cost = CostModel(PRESET)
     cfg = SimConfig(kv_budget_tokens=kv or PRESET.derived_kv_budget_tokens)
     w = generate("metagpt-tl", num_tasks=16, seed=0,
-                 rate_per_s=run_defaults("metagpt-tl", {})[1] * replicas * LOAD)  # fmt: skip
+                 rate_per_s=run_defaults("metagpt-tl", {})[1] * replicas * LOAD,
+                 max_tokens=mode)  # fmt: skip
     prefixes = {a.name: a.prefix_tokens for a in w.agents}
 
     def run(stand: bool) -> Any:
@@ -154,7 +213,7 @@ class Auditor:
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
         self.decide = sim.policy.decide
-        self.claim: tuple[Decision, tuple[Any, ...], int] | None = None
+        self.claim: tuple[Decision, Standing, tuple[Any, ...], int] | None = None
         self.covered = 0
         self.wrong: list[str] = []
 
@@ -169,29 +228,34 @@ class Auditor:
     def __call__(self, view: EngineView) -> Decision:
         d = self.decide(view)
         state = self.state(view)
-        if self.claim is not None and self.claim[1] == state and view.running:
-            first, _, generated = self.claim
-            assert first.stands is not None
+        if self.claim is not None and self.claim[2] == state and view.running:
+            first, stands, _, generated = self.claim
             steps = view.running[0].generated - generated
             budget = view.free_tokens + view.evictable_tokens - view.reserved_tokens
-            if first.stands.holds(steps, view.now_s, view.estimator.tpot_s, budget):
+            if stands.holds(steps, view.now_s, view.estimator.tpot_s, budget):
                 self.covered += 1
                 if d.admit or d.preempt or d.keep_prefixes != first.keep_prefixes:
-                    self.wrong.append(f"t={view.now_s:.3f}: {d} while {first.stands} holds")
+                    self.wrong.append(f"t={view.now_s:.3f}: {d} while {stands} holds")
                 return d
-        reusable = d.reusable and bool(view.running)
-        self.claim = (d, state, view.running[0].generated) if reusable else None
+        self.claim = None
+        if d.reusable and view.running:
+            # the proof, asked right after the decision (`base.ProvesStanding`)
+            stands = d.standing(LADDER[-1])
+            if stands is not None:
+                self.claim = (d, stands, state, view.running[0].generated)
         return d
 
 
 @pytest.mark.parametrize(
-    "workload",
-    [pytest.param(w, marks=[pytest.mark.slow] if w != "dag4" else []) for w in WORKLOADS],
+    ("workload", "mode"),
+    [
+        pytest.param(w, m, marks=[pytest.mark.slow] if (w, m) != ("dag4", "exact") else [])
+        for m in MODES
+        for w in WORKLOADS
+    ],
 )
-def test_every_claim_holds_on_the_step_by_step_path(workload: str) -> None:
-    seed, _, _ = SETTINGS["small"]
-    w = sample(workload, TASKS[workload], seed)
-    cfg = SimConfig(kv_budget_tokens=SMALL[workload])
+def test_every_claim_holds_on_the_step_by_step_path(workload: str, mode: str) -> None:
+    w, cfg = case(workload, "small", mode)
     sim = Simulator(w, make_policy("topas"), CostModel(PRESET), cfg, stand=False)
     audit = Auditor(sim)
     sim.policy.decide = audit  # type: ignore[method-assign]
