@@ -451,8 +451,8 @@ class Certificate:
             walked = np.flatnonzero(np.isfinite(fits_at[s]))
             if not len(walked):
                 continue
-            rows = considered[walked]
-            head = int(np.argmax(key_lo[rows]))
+            keys = key_lo[considered[walked]]
+            head = int(np.argmax(keys))
             top, rest = walked[head], np.delete(walked, head)
             blocked = float(fits_at[s, top])
             if len(rest) and not key_lo[considered[top]] > key_hi[considered[rest]].max() * (
@@ -463,27 +463,71 @@ class Certificate:
                 continue
             first[top] = True
             delta = self.deltas[s]
-            need = blocked - delta  # the reserved request's cost in this set's pack
-            without = _earliest_fit(need, budget_lo - delta, late) * (1.0 + EPS) + EPS
+            # the reservations: the first request walked, and the second where its place is
+            # certain and it does not fit now (`pack.greedy_pack` holds up to two); each with
+            # its cost in this set's pack and its earliest fit without a backfill (as late as
+            # it can be)
+            reserved = [(blocked, top)]
+            if len(rest) > 1:
+                nxt = int(np.argmax(key_lo[considered[rest]]))
+                second, others = rest[nxt], np.delete(rest, nxt)
+                at2 = float(fits_at[s, second])
+                certain = key_lo[considered[second]] > key_hi[considered[others]].max() * (
+                    1.0 + EPS
+                )
+                if certain and at2 > self.budget0 + BUDGET_MARGIN:
+                    reserved.append((at2, second))
+            plans = [
+                (at_r, r, at_r - delta,
+                 _earliest_fit(at_r - delta, budget_lo - delta, late) * (1.0 + EPS) + EPS)
+                for at_r, r in reserved
+            ]  # fmt: skip
             for c in rest:
                 at = float(fits_at[s, c])
                 if at >= min(blocked, ceiling):
-                    continue  # blocked whenever the reserved one is
+                    continue  # blocked whenever the first reserved one is
                 cost = at - delta
                 releases = sorted([*early, (self._service_lo(int(considered[c])), cost)])
-                # the reserved one's earliest fit with it admitted, at a budget ceiling:
-                # later than without it, it is refused (the lower the ceiling, the later)
-                low, high = self.budget0 + BUDGET_MARGIN, min(blocked, ceiling)
-                if not _earliest_fit(need, low - delta - cost, releases) > without:
+                # each reservation refuses it up to a budget (the lower the budget, the
+                # later the reserved one's earliest fit with it admitted): the highest
+                best = -math.inf
+                for at_r, r, need, without in plans:
+                    if r == c:
+                        continue
+                    # the second one stays a reservation only while it does not fit
+                    high = min(blocked, ceiling, at_r)
+                    best = max(best, self._refused_up_to(need, without, cost, delta, releases,
+                                                         high))  # fmt: skip
+                if best < self.budget0 + BUDGET_MARGIN:
                     blocked = at  # it might be admitted: keep the budget where it does not fit
-                elif not _earliest_fit(need, high - delta - cost, releases) > without:
-                    for _ in range(CEILING_BISECTIONS):
-                        mid = 0.5 * (low + high)
-                        refused = _earliest_fit(need, mid - delta - cost, releases) > without
-                        low, high = (mid, high) if refused else (low, mid)
-                    ceiling = low
+                else:
+                    ceiling = min(ceiling, best)
             ceiling = min(ceiling, blocked)
         return ceiling, first
+
+    def _refused_up_to(
+        self,
+        need: float,
+        without: float,
+        cost: float,
+        delta: float,
+        releases: list[tuple[float, float]],
+        high: float,
+    ) -> float:
+        """The highest budget up to `high` (bisected) at which a reservation of `need` tokens,
+        which fits at `without` at the latest without a backfill, refuses one of `cost`
+        tokens that gives its memory back as `releases` say (its earliest fit with the
+        backfill admitted is later); -inf if it does not at this decision's budget."""
+        low = self.budget0 + BUDGET_MARGIN
+        if high < low or not _earliest_fit(need, low - delta - cost, releases) > without:
+            return -math.inf
+        if _earliest_fit(need, high - delta - cost, releases) > without:
+            return high
+        for _ in range(CEILING_BISECTIONS):
+            mid = 0.5 * (low + high)
+            refused = _earliest_fit(need, mid - delta - cost, releases) > without
+            low, high = (mid, high) if refused else (low, mid)
+        return low
 
     def _releases(self, steps: int) -> tuple[list[float], list[float], list[int], list[int]]:
         """The victims' release times (their residual service) and frees, least and most,
