@@ -55,7 +55,7 @@ def run_once(workload: Workload, scheduler: str, cfg: SimConfig, preset: str) ->
 
 def bench_workload(name: str, schedulers: list[str], args: argparse.Namespace) -> dict[str, Any]:
     preset = load_preset(args.preset)
-    workload = generate(name, num_tasks=args.tasks, seed=args.seed)
+    workload = generate(name, num_tasks=args.tasks, seed=args.seed, max_tokens=args.max_tokens)
     cfg = SimConfig(kv_budget_tokens=preset.derived_kv_budget_tokens)
     rounds = [
         {s: run_once(workload, s, cfg, args.preset) for s in schedulers}
@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--scheduler", default="fcfs", help="comma-separated; ratios are to the first")
     ap.add_argument("--preset", default="a100-qwen32b")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-tokens", default="cap", choices=("cap", "exact"),
+                    help="the client's length setting (workloads.lengths)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--step-by-step", action="store_true", help="also TOPAS asked every attempt")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -92,7 +94,8 @@ def main() -> None:
         results[w] = cells = bench_workload(w, schedulers, args)
         for s, m in cells.items():
             print(
-                f"{w}, {args.tasks} tasks, {s}, {args.preset}: median over {args.repeats} runs: "
+                f"{w}, {args.tasks} tasks, {s}, {args.preset}, {args.max_tokens} lengths: "
+                f"median over {args.repeats} runs: "
                 f"{m['speedup']:,.0f}x real time ({m['sim_s']:,.0f} simulated s in "
                 f"{m['wall_s']:.2f} wall s, {m['cpu_s']:.2f} CPU s; {m['wall_ratio']:.2f}x "
                 f"{schedulers[0]}'s wall, {m['cpu_ratio']:.2f}x its CPU), "
@@ -106,6 +109,7 @@ def main() -> None:
         "schedulers": schedulers,
         "preset": args.preset,
         "seed": args.seed,
+        "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "load_average": os.getloadavg()[0],
         "workloads": results,
