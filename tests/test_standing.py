@@ -240,9 +240,9 @@ class Auditor:
         self.claim = None
         if d.reusable and view.running:
             # the proof, asked right after the decision (`base.ProvesStanding`)
-            stands = d.standing(LADDER[-1])
-            if stands is not None:
-                self.claim = (d, stands, state, view.running[0].generated)
+            proved = d.standing(LADDER[-1])
+            if proved is not None:
+                self.claim = (d, proved, state, view.running[0].generated)
         return d
 
 
