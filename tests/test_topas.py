@@ -256,8 +256,8 @@ def two_tasks() -> tuple[View, TaskV, TaskV]:
 
 
 def gains(policy: Topas, v: View, horizon: float) -> dict[str, float]:
-    ranked, _ = policy._candidates(v, horizon, {})  # type: ignore[arg-type]
-    return {c.req.task_id: c.gain for c in ranked}
+    pool = policy._candidates(v, horizon, {})  # type: ignore[arg-type]
+    return {c.req.task_id: c.gain for c in pool.ranked}
 
 
 def test_gain_is_aging_times_delta_times_srpt_scale() -> None:
@@ -299,7 +299,7 @@ def test_density_ranks_by_gain_per_token() -> None:
 
     def order(density: bool) -> list[tuple[int, float]]:
         p = Topas(horizon_s=5.0, density=density, use_aging=False)
-        ranked, _ = p._candidates(v, 5.0, {})  # type: ignore[arg-type]
+        ranked = p._candidates(v, 5.0, {}).ranked  # type: ignore[arg-type]
         return [(c.req.rid, c.gain) for c in ranked]
 
     # equal gains: by gain, ties go to the earlier queue entry, then the lower rid
@@ -312,9 +312,9 @@ def test_a_starving_request_comes_first() -> None:
     v.waiting[0].ready_s = 0.0  # short's request has waited 600 s
     v.waiting[1].ready_s = 590.0
     # T0 = 40 s: a limit of 4 x T0 = 160 s marks only the first as urgent
-    ranked, _ = Topas(horizon_s=5.0, starvation_mult=4.0)._candidates(v, 5.0, {})  # type: ignore[arg-type]
+    ranked = Topas(horizon_s=5.0, starvation_mult=4.0)._candidates(v, 5.0, {}).ranked  # type: ignore[arg-type]
     assert [(c.req.task_id, c.urgent) for c in ranked] == [("short", True), ("long", False)]
-    ranked, _ = Topas(horizon_s=5.0, starvation_mult=0)._candidates(v, 5.0, {})  # type: ignore[arg-type]
+    ranked = Topas(horizon_s=5.0, starvation_mult=0)._candidates(v, 5.0, {}).ranked  # type: ignore[arg-type]
     assert not any(c.urgent for c in ranked)
 
 
@@ -339,7 +339,7 @@ def test_an_admission_records_its_gain_as_the_revoke_cost() -> None:
     v, _, _ = two_tasks()
     policy = Topas(horizon_s=5.0)
     d = policy.decide(v)  # type: ignore[arg-type]
-    ranked, _ = policy._candidates(v, 5.0, {})  # type: ignore[arg-type]
+    ranked = policy._candidates(v, 5.0, {}).ranked  # type: ignore[arg-type]
     gain = {c.req.rid: c.gain for c in ranked}
     assert d.admit and {r.rid: policy._credit[r.rid] for r in d.admit} == {
         r.rid: pytest.approx(gain[r.rid]) for r in d.admit

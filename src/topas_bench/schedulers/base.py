@@ -129,6 +129,69 @@ class EngineView(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Standing:
+    """How long a decision stands: until when asking again would return the same decision.
+
+    A policy may attach one to a decision (`Decision.stands`). The engine may then apply the
+    same decision again, without asking, at each later scheduling point P (a prefill attempt
+    with requests waiting) for which all of these hold:
+
+    - since the decision was made, nothing happened but decode steps of the same running
+      batch: no request arrived, was admitted, finished, retracted or preempted; nothing was
+      inserted into or evicted from the prefix cache and no pin changed (the decision's own
+      `keep_prefixes`, applied once, excepted); the estimator saw no finish (its `version` is
+      unchanged; it did see the step times, which move `tpot_s`);
+    - P is at most `steps` decode steps after the decision;
+    - P's `now_s < until_s`;
+    - at P, `tpot_lo_s <= estimator.tpot_s <= tpot_hi_s`;
+    - at P, the admission budget `free_tokens + evictable_tokens - reserved_tokens` lies in
+      `[budget_lo, budget_hi]`.
+
+    Asking again at P would also leave the policy's own state as it is, so skipping the
+    question changes nothing. The bound must be conservative: an engine may always ask earlier
+    (waking early is fine), never later. What drifts between decode steps with the discrete
+    state fixed (time, the running requests' generated tokens, the step-time estimate, the
+    budget as decode consumes it and the reservation decays) is the policy's to bound; the
+    events are the engine's to notice. The simulator runs closed-form decode steps up to the
+    bound (`runners.sim.engine`); the plugin's `Bridge` (SGLang, and the reference engine)
+    reuses the decision at each iteration up to it.
+    """
+
+    steps: int
+    until_s: float = math.inf
+    tpot_lo_s: float = 0.0
+    tpot_hi_s: float = math.inf
+    budget_lo: float = -math.inf
+    budget_hi: float = math.inf
+
+    def holds(self, steps: int, now_s: float, tpot_s: float, budget: float) -> bool:
+        """Whether the decision stands at a scheduling point `steps` decode steps after it,
+        at `now_s`, with that step-time estimate and admission budget. The budget is checked
+        with a margin (`BUDGET_MARGIN`): an engine's sum may round differently from the
+        view's."""
+        return (
+            steps <= self.steps
+            and now_s < self.until_s
+            and self.tpot_lo_s <= tpot_s <= self.tpot_hi_s
+            and self.budget_lo + BUDGET_MARGIN <= budget <= self.budget_hi - BUDGET_MARGIN
+        )
+
+
+class ProvesStanding(Protocol):
+    """The lazy form of `Decision.stands`: called at most once, right after the decision and
+    before anything changes (the engine's state still the one the policy saw), with the most
+    decode steps the engine could use (until its own next event, or as many as it likes when
+    it cannot tell); returns how long the decision stands, at most that, or None."""
+
+    def __call__(self, steps: int) -> Standing | None: ...
+
+
+#: Tokens of slack on each side of a `Standing`'s budget range: far above the rounding of a
+#: sum of a few hundred reservations, far below one token.
+BUDGET_MARGIN = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """A policy's answer. `keep_prefixes=None` leaves the pinned set unchanged.
 
@@ -141,6 +204,12 @@ class Decision:
     prefetch: agents whose prefix, where the host tier holds it, is loaded back to the GPU now,
         overlapped with serving (in order, until one does not fit); a simulator host-tier
         operation, which engines without a host tier ignore.
+    stands: how long the decision stands (`Standing`), or a function that says so when asked
+        (`ProvesStanding`: the proof may cost more than the decision, and is paid only where an
+        engine can use it); None (the default): the engine asks at every scheduling point.
+        Only a decision that admits and preempts nothing, sets no `prefix_priority` and no
+        `prefetch` is reused; ordering policies need none (they are asked only at prefill
+        attempts the engine makes anyway).
     """
 
     admit: Sequence[RequestView] = ()
@@ -148,6 +217,25 @@ class Decision:
     keep_prefixes: frozenset[str] | None = None
     prefix_priority: Mapping[str, int] | None = None
     prefetch: Sequence[str] = ()
+    stands: Standing | ProvesStanding | None = None
+
+    def standing(self, steps: int) -> Standing | None:
+        """`stands` as a `Standing`, asking for at most `steps` decode steps if it is a
+        function (call once per decision: a proof is not free)."""
+        s = self.stands
+        return s if s is None or isinstance(s, Standing) else s(steps)
+
+    @property
+    def reusable(self) -> bool:
+        """Whether an engine may apply it again while it stands (`Standing`): it acts on
+        nothing but pins, which applying twice leaves as they are."""
+        return (
+            self.stands is not None
+            and not self.admit
+            and not self.preempt
+            and self.prefix_priority is None
+            and not self.prefetch
+        )
 
 
 class InvalidParameter(TopasError):
@@ -275,6 +363,7 @@ class OrderingPolicy(Policy):
 
 
 __all__ = [
+    "BUDGET_MARGIN",
     "Decision",
     "EngineView",
     "InvalidParameter",
@@ -282,10 +371,12 @@ __all__ = [
     "Policy",
     "PrefixLocation",
     "PrefixView",
+    "ProvesStanding",
     "RequestView",
     "ServiceEstimator",
     "StageState",
     "StageView",
+    "Standing",
     "TaskView",
     "reject_unknown",
     "require_bool",

@@ -20,6 +20,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from topas_bench.schedulers.request import RequestView, StageView
 
 
@@ -29,18 +32,20 @@ class CostLike(Protocol):
 
 
 TrueLength = Callable[[str, str], int]  # (task_id, stage_id) -> true output tokens
+F64 = npt.NDArray[np.float64]
 
 
 class _Dist:
     """Sorted window of samples with suffix sums, for O(log n) conditional residual means."""
 
-    __slots__ = ("_order", "_sorted", "_suffix", "_window")
+    __slots__ = ("_order", "_sorted", "_suffix", "_table", "_window")
 
     def __init__(self, window: int) -> None:
         self._window = window
         self._order: deque[float] = deque()
         self._sorted: list[float] = []
         self._suffix: list[float] | None = [0.0]  # _suffix[i] = sum(_sorted[i:]); None: stale
+        self._table: F64 | None = None  # `residual_table`
 
     def add(self, x: float) -> None:
         self._order.append(x)
@@ -49,6 +54,7 @@ class _Dist:
             old = self._order.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, old)]
         self._suffix = None  # rebuilt when next read: many adds may come before a read
+        self._table = None
 
     def _sums(self) -> list[float]:
         suffix = self._suffix
@@ -58,6 +64,26 @@ class _Dist:
                 suffix[i] = suffix[i + 1] + self._sorted[i]
             self._suffix = suffix
         return suffix
+
+    def residual_table(self, upto: int, prior: float, prior_weight: float) -> F64:
+        """`residual(a)` at every whole a = 0 .. upto (at least), the same arithmetic element
+        by element; kept until the next sample (grown, doubling, when asked for more)."""
+        table = self._table
+        if table is None or len(table) <= upto:
+            values, suffix = np.array(self._sorted), np.array(self._sums())
+            size = max(upto + 1, 2 * (len(table) if table is not None else 0), 1024)
+            a = np.arange(size, dtype=np.float64)
+            i = np.searchsorted(values, a, side="right")
+            n_above = len(values) - i
+            total = suffix[i] - a * n_above
+            weight = n_above.astype(np.float64)
+            has_prior = prior > a
+            total = np.where(has_prior, total + prior_weight * (prior - a), total)
+            weight = np.where(has_prior, weight + prior_weight, weight)
+            empty = weight == 0.0
+            table = np.where(empty, np.maximum(1.0, 0.1 * a), total / np.where(empty, 1.0, weight))
+            self._table = table
+        return table
 
     def residual(self, attained: float, prior: float, prior_weight: float) -> float:
         """E[X - a | X > a] over the samples plus `prior_weight` pseudo-samples at `prior`."""
@@ -134,6 +160,18 @@ class ServiceEstimator:
             tpot = keep * tpot + rest * s
         self._tpot_s = tpot
 
+    def tpot_path(self, steps_s: Sequence[float]) -> list[float]:
+        """`tpot_s` after each of `steps_s` were observed in turn (`observe_decode_steps`'
+        arithmetic), without observing them."""
+        keep = (1.0 - self._alpha) ** 1
+        rest = 1.0 - keep
+        tpot = self._tpot_s
+        out = []
+        for s in steps_s:
+            tpot = keep * tpot + rest * s
+            out.append(tpot)
+        return out
+
     def residual_tokens(
         self, agent: str, kind: str, generated: int, key: tuple[str, str] | None = None
     ) -> float:
@@ -149,6 +187,22 @@ class ServiceEstimator:
                 full = self._full_memo[(agent, kind)] = self._residual(agent, kind, 0)
             return full
         return self._residual(agent, kind, generated)
+
+    def residual_tokens_range(
+        self, agent: str, kind: str, generated: int, steps: int, key: tuple[str, str] | None = None
+    ) -> tuple[float, float]:
+        """(min, max) of `residual_tokens` over `generated .. generated + steps`, with the
+        distributions as they are now (they change only with a finish): exact, from the
+        residual at every count of the window (`_Dist.residual_table`). Without samples, or
+        with true lengths, the residual only falls: its ends."""
+        last = generated + steps
+        d = self._dists.get((agent, kind))
+        if d is None or (self._true is not None and key is not None):  # monotone: the ends
+            a = self.residual_tokens(agent, kind, generated, key)
+            b = self.residual_tokens(agent, kind, last, key)
+            return min(a, b), max(a, b)
+        window = d.residual_table(last, self._prior, self._prior_weight)[generated : last + 1]
+        return float(window.min()), float(window.max())
 
     def _residual(self, agent: str, kind: str, generated: int) -> float:
         d = self._dists.get((agent, kind))

@@ -148,7 +148,7 @@ class Replica(Simulator):
         for req in self.running:
             req.private_tokens -= drop
         self.ratio = ratio
-        self._decay(keep - 1)
+        self._decay_run(keep - 1)
         end = float(ends[keep - 1])
         self.rec.shorten_last(drop, end - start, b * drop)
         self._ends = ends[:keep]

@@ -34,6 +34,7 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sglang.srt.managers.schedule_batch import (  # type: ignore[import-not-found]
@@ -55,13 +56,15 @@ from sglang.srt.runtime_context import get_memory  # type: ignore[import-not-fou
 from topas_bench.runners.sglang import request_log
 from topas_bench.runners.sglang.guard import PolicyGuard
 from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
-from topas_bench.schedulers.base import Decision, Policy, PrefixLocation, PrefixView
+from topas_bench.schedulers.base import Decision, Policy, PrefixLocation, PrefixView, Standing
 from topas_bench.schedulers.estimator import ServiceEstimator
 
 SGLANG_VERSION = "0.5.23"
 #: Called after every decision with (wall seconds, waiting requests, the decision).
 DecisionHook = Callable[[float, int, Decision], None]
 STATUS_EVERY = 1000  # decisions between status lines in the server log
+#: Decode steps a standing decision is asked to cover on a server (`Decision.standing`).
+STANDING_STEPS = 256
 logger = logging.getLogger("topas_bench.sglang")
 
 
@@ -99,6 +102,12 @@ class Bridge:
         self.chunk_rest = 0
         self.admit_ids: set[str] | None = None  # rids the current decision admits
         self.preempt_ids: set[str] = set()
+        #: The last decision, while it may stand (`Standing`): with the state it was made on
+        #: and each running request's output length then.
+        self.standing: tuple[Decision, tuple[Any, ...], int] | None = None
+        self.reused = 0  # scheduling points that reused a standing decision
+        #: False asks the policy at every scheduling point (the always-ask path, to compare)
+        self.reuse = True
         self.decisions = 0
         self.decision_wall_s = 0.0
         self._warned: set[str] = set()
@@ -126,22 +135,17 @@ class Bridge:
         """Ask the policy; reorder `waiting_queue` in place (admits first, in the policy's
         order, then the rest in queue order) and remember what the adder must enforce."""
         self.tracker.sync(waiting_queue, running)
-        view = SglangView(self, waiting_queue, running)
-        t0 = time.perf_counter()
-        decision = self.guard.decide(self.policy, view) if waiting_queue else Decision()
-        wall_s = time.perf_counter() - t0
-        self.decision_wall_s += wall_s
-        self.decisions += 1
-        if self.on_decision is not None and waiting_queue:
-            self.on_decision(wall_s, len(waiting_queue), decision)
-        if self.decisions % STATUS_EVERY == 0:
-            logger.info(
-                "topas: %d decisions, mean %.3f ms; %d live tasks; untagged_requests=%d %s; "
-                "policy_failures=%s",
-                self.decisions, 1e3 * self.decision_wall_s / self.decisions,
-                len(self.tracker.tasks), sum(self.tracker.untagged.values()),
-                self.tracker.untagged, self.guard.failures,
-            )  # fmt: skip
+        state = self.state(waiting_queue, running)
+        decision = self.stands(state, running)
+        if decision is None:
+            decision = self.ask(waiting_queue, running)
+            self.standing = None
+            if self.reuse and decision.reusable and running:
+                # a real server cannot tell its next event: the longest proof the policy gives
+                stands = self.guard.standing(decision, STANDING_STEPS)
+                if stands is not None:
+                    standing = replace(decision, stands=stands)
+                    self.standing = (standing, state, len(running[0].output_ids))
         by_id = {r.rid: r for r in waiting_queue}
         first = [
             by_id.pop(req.engine.rid)
@@ -155,6 +159,58 @@ class Bridge:
             self.keep(decision.keep_prefixes, running)
         if decision.prefix_priority is not None:
             self.set_prefix_priorities(decision.prefix_priority)
+        return decision
+
+    def ask(self, waiting_queue: list[Req], running: Sequence[Req]) -> Decision:
+        """The policy's decision (through the guard), timed, counted and reported."""
+        view = SglangView(self, waiting_queue, running)
+        t0 = time.perf_counter()
+        decision = self.guard.decide(self.policy, view) if waiting_queue else Decision()
+        wall_s = time.perf_counter() - t0
+        self.decision_wall_s += wall_s
+        self.decisions += 1
+        if self.on_decision is not None and waiting_queue:
+            self.on_decision(wall_s, len(waiting_queue), decision)
+        if self.decisions % STATUS_EVERY == 0:
+            logger.info(
+                "topas: %d decisions, mean %.3f ms, %d reused; %d live tasks; "
+                "untagged_requests=%d %s; policy_failures=%s",
+                self.decisions, 1e3 * self.decision_wall_s / self.decisions, self.reused,
+                len(self.tracker.tasks), sum(self.tracker.untagged.values()),
+                self.tracker.untagged, self.guard.failures,
+            )  # fmt: skip
+        return decision
+
+    def state(self, waiting: Sequence[Req], running: Sequence[Req]) -> tuple[Any, ...]:
+        """What a standing decision needs unchanged (`Standing`): the queues, the cache's
+        contents (decode changes them only by evicting, which changes the sizes), the pins
+        and kept contexts, the estimator's finishes, the tracked tasks' states; and no chunked
+        prefill in flight."""
+        tasks = self.tracker.tasks
+        return (
+            tuple(r.rid for r in waiting), tuple(r.rid for r in running),
+            int(self.tree_cache.evictable_size()), int(self.tree_cache.protected_size()),
+            frozenset(self.pins), frozenset(self.contexts), self.chunk_rest,
+            self.tracker.estimator.version, len(tasks), sum(t.version for t in tasks.values()),
+            len(self.tracker.agent_prefixes),
+        )  # fmt: skip
+
+    def stands(self, state: tuple[Any, ...], running: Sequence[Req]) -> Decision | None:
+        """The last decision, if it stands here (`Standing.holds`) on the state it was made
+        on, `steps` decode steps later; else None (ask the policy)."""
+        last = self.standing
+        if last is None or not running or not self.reuse:
+            return None
+        decision, decided, generated = last
+        stands = decision.stands
+        if state != decided or not isinstance(stands, Standing):
+            return None
+        steps = len(running[0].output_ids) - generated
+        budget = self.remaining_total(running)
+        now, tpot = self.tracker.clock(), self.tracker.estimator.tpot_s
+        if steps < 1 or not stands.holds(steps, now, tpot, budget):
+            return None
+        self.reused += 1
         return decision
 
     def set_prefix_priorities(self, priorities: Mapping[str, int]) -> None:

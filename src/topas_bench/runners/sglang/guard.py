@@ -18,7 +18,7 @@ import logging
 import math
 from collections.abc import Callable
 
-from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView
+from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView, Standing
 
 LOGGER = logging.getLogger("topas_bench.sglang")
 
@@ -63,6 +63,19 @@ class PolicyGuard:
                 return answer
             self._count(f"{who} returned {type(answer).__name__}", None)
         return Decision()
+
+    def standing(self, decision: Decision, steps: int) -> Standing | None:
+        """`decision.standing(steps)`, or None (ask again at the next iteration) when that
+        raises or answers something that is not a `Standing`."""
+        try:
+            stands: object = decision.standing(steps)  # a policy may be buggy
+        except Exception as e:
+            self._count(f"standing raised {type(e).__name__}", e)
+            return None
+        if stands is not None and not isinstance(stands, Standing):
+            self._count(f"standing returned {type(stands).__name__}", None)
+            return None
+        return stands
 
     def context_ttl(self, policy: Policy, finished: RequestView, view: EngineView) -> float:
         """`policy.context_ttl`, or 0 (keep nothing) when it raises or answers something that

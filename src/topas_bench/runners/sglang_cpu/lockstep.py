@@ -77,6 +77,26 @@ def random_workload(seed: int, tasks: int = 40, rate_per_s: float = 2.0) -> Work
     return Workload("random", agents, tuple(out), seed=seed)
 
 
+def budget_flip_workload() -> Workload:
+    """Two calls where a decision's bound is exact: a long call runs, reserving decode room
+    at the decaying `new_token_ratio` (it is not an exact-length call), and a second call
+    arrives that fits only once the ratio has decayed enough: with nothing else happening,
+    TOPAS admits it at the one step where the admission budget first exceeds its need, which
+    a decision's standing (`schedulers.base.Standing`) must not cover. For an 8,000-token KV
+    budget (`budget_flip_config`)."""
+    agents = (Agent("a", 512), Agent("b", 512))
+    long_call = Stage("s0", "a", (Segment(agent_key("a"), 512), Segment("t0/in", 488)), 3000,
+                      max_new_tokens=4000)  # fmt: skip
+    late_call = Stage("s0", "b", (Segment(agent_key("b"), 512), Segment("t1/in", 4000)), 100,
+                      max_new_tokens=100)  # fmt: skip
+    tasks = (Task("t0", "flip", 0.0, (long_call,)), Task("t1", "flip", 0.1, (late_call,)))
+    return Workload("budget-flip", agents, tasks)
+
+
+def budget_flip_config() -> SimConfig:
+    return SimConfig(kv_budget_tokens=8000, record_timeline=False)
+
+
 def lockstep_config(kv_budget_tokens: int = 2600) -> SimConfig:
     return SimConfig(
         kv_budget_tokens=kv_budget_tokens, chunked_prefill_size=512, max_prefill_tokens=1024,

@@ -89,6 +89,24 @@ class QueuePass:
             return sorted(waiting, key=lambda r: self._hrrn_key(r, processed))
         return sorted(waiting, key=lambda r: (r.rid in self.demoted, self._work(r), r.enqueue_seq))
 
+    def replayable(self, waiting: int) -> bool:
+        """Whether a pass over an unchanged queue only repeats itself: it reorders nothing
+        and draws nothing (the cache-agnostic `fcfs` pass: its touches, every 32nd call, are
+        the only effect, `runners.sim.standing` replays them)."""
+        return self.active(waiting) == "fcfs"
+
+    def passes_to_refresh(self, waiting: int) -> int | None:
+        """How many passes over `waiting` requests come before the next one that touches
+        their prefixes (0: the next one does); None if none ever does."""
+        if not waiting or self.eviction != "lru":
+            return None
+        return -self._refresh_calls % PREFIX_REFRESH_INTERVAL
+
+    def skip(self, waiting: int, passes: int = 1) -> None:
+        """Count `passes` passes whose touches, if any, would change nothing."""
+        if waiting and self.eviction == "lru":
+            self._refresh_calls += passes
+
     def _touch(self, waiting: list[SimRequest], match: Matcher, active: str) -> None:
         if not waiting or self.eviction != "lru":
             return

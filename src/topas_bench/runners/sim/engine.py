@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from topas_bench.errors import TopasError
+from topas_bench.runners.sim import standing
 from topas_bench.runners.sim.admission import AddResult, PrefillAdder, running_offset
 from topas_bench.runners.sim.calc_priority import QueuePass
 from topas_bench.runners.sim.config import SimConfig
@@ -49,6 +50,7 @@ from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.pins import ContextPins, Prefetcher, set_prefix_priorities
 from topas_bench.runners.sim.radix import Match, Node, RadixCache
 from topas_bench.runners.sim.records import Recorder, SimResult
+from topas_bench.runners.sim.standing import Stand
 from topas_bench.runners.sim.state import SimRequest, TaskRun
 from topas_bench.runners.sim.view import SimView
 from topas_bench.schedulers.base import Decision, Policy, StageState
@@ -79,11 +81,19 @@ class Simulator:
         on_task_done: Callable[[int], None] | None = None,
         *,
         trace: list[Step] | None = None,
+        stand: bool = True,
     ) -> None:
         self.workload = workload
         #: With a trace, every iteration is recorded (`Step`) and runs alone, one decode step
         #: per event, for lockstep comparisons with the reference engine.
         self.trace = trace
+        #: Run decode in closed form across standing decisions (`runners.sim.standing`);
+        #: False asks the policy at every attempt (the step-by-step path, for comparisons).
+        self.stand = stand
+        self._stand: Stand | None = None  # what the last attempt's decision offers
+        self._stand_run: Stand | None = None  # the stand the decode run in flight covers
+        self._run_start_s = 0.0  # when the decode run in flight started
+        self._decided: standing.Marker | None = None  # the state the last decision saw
         self.policy = policy
         self.cost = cost
         self.cfg = config
@@ -119,6 +129,8 @@ class Simulator:
         self.now = 0.0
         self.tasks: dict[str, TaskRun] = {}
         self.prefix_tokens = {a.name: a.prefix_tokens for a in workload.agents}
+        #: (tree version, agent -> its prefix's (GPU, host) tokens): the view's probes
+        self.prefix_probes: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
         #: `TpModelWorker.get_worker_info`: the longest request the server accepts.
         self.max_req_len = min(config.context_length - 1, config.kv_budget_tokens - 1)
         truths = {(t.id, s.id): s.output_tokens for t, s in workload.stages()}
@@ -282,6 +294,7 @@ class Simulator:
     def _prefill_attempt(self) -> PrefillAdder | None:
         """`_get_new_batch_prefill_raw`: the admission pass, or None when none runs or it
         admits nobody."""
+        self._stand = None
         if self.policy.acts_while_full or not self.running:
             self.batch_is_full = False
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
@@ -321,6 +334,8 @@ class Simulator:
         if not adder.batch:
             for req in preempted:
                 self._enqueue(req)
+            if self.stand and decision is not None and not preempted:
+                self._stand = standing.offer(self, decision, self._decided)
             return None
         admitted = {a.req.rid for a in adder.batch}
         self.waiting = [r for r in self.waiting if r.rid not in admitted]
@@ -352,6 +367,8 @@ class Simulator:
         t0 = time.perf_counter()
         decision = self.policy.decide(view)
         self.rec.decision(self.now, time.perf_counter() - t0, len(self.waiting), decision)
+        if decision.stands is not None:
+            self._decided = standing.marker(self)
         waiting = {r.rid: r for r in self.waiting}
         first = [waiting.pop(r.rid) for r in map(self._own, decision.admit) if r.rid in waiting]
         self.waiting = first + [r for r in self.waiting if r.rid in waiting]
@@ -527,7 +544,7 @@ class Simulator:
         ctx = sum(r.context_tokens for r in self.running)
         durs, ends = self._decode_run(b, ctx)
         steps = len(ends)
-        self._decay(steps - 1)  # the later steps' (the first step's is above)
+        self._decay_run(steps - 1)  # the later steps' (the first step's is above)
         self._alloc(b * steps)
         self._ends_counter = (self.processed_tokens, self.decode_extend_tokens)
         self.processed_tokens += self.decode_extend_tokens * steps
@@ -539,6 +556,7 @@ class Simulator:
         self.rec.iteration(steps, self._row("decode", dur, steps, self.running, b * steps))
         self._busy = True
         self._ends = ends
+        self._run_start_s = self.now
         self._push(float(ends[-1]), ITER, ("decode", durs, dur))
 
     def _row(
@@ -569,6 +587,15 @@ class Simulator:
             decayed = self.ratio - self.cfg.new_token_ratio_decay * steps
             self.ratio = max(decayed, self.cfg.min_new_token_ratio)
 
+    def _decay_run(self, steps: int) -> None:
+        """The decay of a decode run's later `steps`: one step at a time across a standing
+        decision (as the attempts it covers would have seen it, to the last bit), else in
+        one product."""
+        if self._stand_run is None:
+            self._decay(steps)
+            return
+        self.ratio = standing.decayed(self.ratio, steps, self.cfg)[-1]
+
     def _decode_fits(self, b: int) -> bool:
         """`check_decode_mem`: evict what the next step needs; does it fit now?"""
         self._evict_for(b)
@@ -587,7 +614,13 @@ class Simulator:
             or self.chunked is not None
             or (self.waiting and (not self.batch_is_full or self.policy.acts_while_full))
         )
-        if not attempt:
+        stand = self._stand
+        self._stand = self._stand_run = None
+        if attempt and stand is not None and stand.marker == standing.marker(self):
+            # the attempts until the next one the decision does not cover: never evict
+            k = min(min(r.remaining_output for r in self.running), self.free_tokens // b)
+            k = max(k, 1)
+        elif not attempt:
             k = min(r.remaining_output for r in self.running)
             k = max(min(k, (self.free_tokens + self.cache.evictable_tokens) // b), 1)
         durs = self.cost.decode_steps_s(b, ctx, k)
@@ -597,6 +630,9 @@ class Simulator:
             k = min(k, int(ends.searchsorted(nxt, side="left")) + 1)
         if k > 1 and self.contexts:  # a context's release is seen at the next iteration
             k = min(k, int(ends.searchsorted(self.contexts.next_expiry(), side="left")) + 1)
+        if k > 1 and attempt and stand is not None:
+            k = standing.run_steps(self, stand, k, durs, ends)
+            self._stand_run = stand if k > 1 else None
         return durs[:k], ends[:k]
 
     def _retract(self) -> None:
@@ -712,10 +748,16 @@ class Simulator:
 
     def _decode_done(self, durs: npt.NDArray[np.float64], dur: float) -> None:
         steps = len(durs)
-        for req in self.running:
-            req.generated += steps
-            req.service_s += dur
-            req.task.attained_s += dur
+        if self._stand_run is not None:  # the attempts the run covered, before its last step
+            standing.replay(self, self._stand_run, steps - 1)
+            self._stand_run = None
+            assert self._ends is not None
+            standing.serve(self.running, self._ends, self._run_start_s, steps)
+        else:
+            for req in self.running:
+                req.generated += steps
+                req.service_s += dur
+                req.task.attained_s += dur
         # step by step, as the plugin observes a real server's steps
         self.estimator.observe_decode_steps(durs.tolist())
         finished = [r for r in self.running if r.remaining_output <= 0]

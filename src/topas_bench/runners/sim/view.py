@@ -36,6 +36,7 @@ class Simulator(Protocol):
     estimator: ServiceEstimator
     pins: dict[str, Node]
     prefix_tokens: dict[str, int]
+    prefix_probes: tuple[int, dict[str, tuple[int, int]]]
     agents_seen: set[str]
 
     @property
@@ -132,8 +133,16 @@ class SimView:
         return hit
 
     def _resident(self, agent: str) -> tuple[int, int]:
-        tokens = self._sim.prefix_tokens[agent]
-        return self._sim.cache.probe([(agent_key(agent), 0, tokens)])
+        # memoised while the tree is unchanged (its version): probes are read-only
+        sim = self._sim
+        version, probes = sim.prefix_probes
+        if version != sim.cache.version:
+            version, probes = sim.prefix_probes = (sim.cache.version, {})
+        hit = probes.get(agent)
+        if hit is None:
+            tokens = sim.prefix_tokens[agent]
+            hit = probes[agent] = sim.cache.probe([(agent_key(agent), 0, tokens)])
+        return hit
 
     def absent_reload_s(self, agent: str) -> float:
         sim = self._sim

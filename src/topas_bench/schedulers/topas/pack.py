@@ -177,7 +177,7 @@ def _backfill_ok(
     return True
 
 
-def _earliest_fit(need: float, budget: float, releases: Sequence[tuple[float, int]]) -> float:
+def _earliest_fit(need: float, budget: float, releases: Sequence[tuple[float, float]]) -> float:
     """When released memory first lets `need` fit (strictly below the budget)."""
     if need < budget:
         return 0.0

@@ -33,6 +33,7 @@ from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
 from topas_bench.schedulers.topas.search import AgentInfo, search
+from topas_bench.schedulers.topas.standing import Certificate, Pool
 
 
 class Topas(Policy):
@@ -48,6 +49,9 @@ class Topas(Policy):
         self._path_memo: dict[str, tuple[int, int, TaskPath]] = {}
         self._unloaded: dict[str, float] = {}  # task id -> its critical path when first seen
         self._unloaded_sum = 0.0
+        #: How each decision ended: acting, idle, paths stale; and of those an engine asked to
+        #: prove, standing (by window) or why not (`standing.Certificate.failed`): diagnostics.
+        self.standings: Counter[str] = Counter()
 
     @property
     def params(self) -> dict[str, Any]:
@@ -59,7 +63,8 @@ class Topas(Policy):
             return Decision()
         horizon = self._horizon(view)
         prefixes = {p.agent: p for p in view.prefixes()}
-        ranked, agent_gain = self._candidates(view, horizon, prefixes)
+        pool = self._candidates(view, horizon, prefixes)
+        ranked = pool.ranked
         locked = frozenset(
             a for a, p in prefixes.items() if p.where == PrefixLocation.GPU and p.locks > 0
         )
@@ -83,7 +88,7 @@ class Topas(Policy):
         )
         agents = self._agents(view, prefixes, ranked)
         choice = search(
-            inputs, agents, locked | kept, agent_gain,
+            inputs, agents, locked | kept, pool.agent_gain,
             beta=self.p.beta if self.p.use_reuse else 0.0, joint=self.p.joint,
             top=self.p.max_agents, must_admit=not view.running,
         )  # fmt: skip
@@ -101,10 +106,20 @@ class Topas(Policy):
         self._forget(view)
         keep = choice.keep | frozenset(a for a in locked if agents[a].next_users > 0)
         keep = keep if self.p.use_reuse or self.p.joint else frozenset()
+        stands = None
+        if pack.admits or pack.preempts or not view.running:
+            self.standings["acts" if view.running else "idle"] += 1
+        elif pool.stale_left:
+            self.standings["paths stale"] += 1
+        else:  # proved only when an engine asks (`base.ProvesStanding`)
+            stands = Certificate(
+                view, self.p, pool, inputs, agents, choice, self._credit, self.standings
+            ).standing
         return Decision(
             admit=[c.req for c in pack.admits],
             preempt=[v.req for v in pack.preempts],
             keep_prefixes=frozenset(a for a in keep if a in prefixes),
+            stands=stands,
         )
 
     # -- progress: weights and candidates ---------------------------------------------------
@@ -125,10 +140,11 @@ class Topas(Policy):
 
     def _candidates(
         self, view: EngineView, horizon: float, prefixes: dict[str, PrefixView]
-    ) -> tuple[list[Candidate], dict[str, float]]:
+    ) -> Pool:
         """Waiting requests worth packing (the best `scan` by gain, and every starving one),
-        starving first (oldest first), then by gain; and each agent's total waiting gain."""
-        paths = self._paths(view, horizon)
+        starving first (oldest first), then by gain; each agent's total waiting gain; and what
+        the standing certificate needs of every waiting request."""
+        paths, stale_left = self._paths(view, horizon)
         for tid, p in paths.items():
             if tid not in self._unloaded:
                 self._unloaded[tid] = p.service_s
@@ -189,18 +205,23 @@ class Topas(Policy):
                 pv.tokens if pv is not None and resident and not pv.locks and not pv.kept else 0
             )
             known = costs.get(r.rid)
+            if known is None:
+                known = costs[r.rid] = need(r) + lock(r)
             out.append(Candidate(
-                req=r, agent=r.agent, gain=gains[r.rid],
-                cost=need(r) + lock(r) if known is None else known, prefix=unlocked,
+                req=r, agent=r.agent, gain=gains[r.rid], cost=known, prefix=unlocked,
                 absent=pv is not None and not resident, service_s=est.residual_service_s(r),
                 urgent=is_urgent,
             ))  # fmt: skip
-        return out, agent_gain
+        return Pool(
+            out, agent_gain, paths, costs, unpaid, {r.rid for r in urgent}, stale_left,
+            h_age if self.p.use_aging else 0.0, limit,
+        )  # fmt: skip
 
-    def _paths(self, view: EngineView, horizon: float) -> dict[str, TaskPath]:
+    def _paths(self, view: EngineView, horizon: float) -> tuple[dict[str, TaskPath], bool]:
         """Each waiting task's `TaskPath`, memoised per task: a task whose state changed is
         recomputed; one whose only change is that the estimator learned since is refreshed
-        lazily, at most `refresh_limit` per decision, stalest first."""
+        lazily, at most `refresh_limit` per decision, stalest first. Also whether some stale
+        ones are left for later decisions (which then differ from this one)."""
         est_version = view.estimator.version
         tasks = view.tasks
         memo = self._path_memo
@@ -222,7 +243,7 @@ class Topas(Policy):
             stale.sort()
         for _, tid in stale[: self.p.refresh_limit]:
             out[tid] = self._compute_path(view, tid, horizon)
-        return out
+        return out, len(stale) > self.p.refresh_limit
 
     def _compute_path(self, view: EngineView, tid: str, horizon: float) -> TaskPath:
         task = view.tasks[tid]

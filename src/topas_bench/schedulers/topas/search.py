@@ -25,8 +25,7 @@ The best score wins; ties go to the smaller change.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from topas_bench.schedulers.topas.pack import Pack, PackInputs, greedy_pack
 
@@ -47,6 +46,11 @@ class Choice:
     keep: frozenset[str]
     pack: Pack
     score: float
+    #: Every resident set the search scored, in order, and each comparison of two scores it
+    #: made, `(x, y, margin)`: y was preferred iff its score exceeded x's by more than the
+    #: margin (set on the search's answer; `standing` proves they hold).
+    visited: tuple[Choice, ...] = ()
+    comparisons: tuple[tuple[frozenset[str], frozenset[str], float], ...] = ()
 
 
 def score_set(
@@ -104,10 +108,12 @@ def search(
     `must_admit` (an idle server) only sets whose pack admits something count, and if none
     does, the unrestricted pack with no pins."""
     seen: dict[frozenset[str], Choice] = {}
+    compared: list[tuple[frozenset[str], frozenset[str], float]] = []
 
     def _better(a: Choice, b: Choice) -> Choice:
         if must_admit and bool(a.pack.admits) != bool(b.pack.admits):
             return a if a.pack.admits else b
+        compared.append((a.keep, b.keep, 1e-9))
         return b if b.score > a.score + 1e-9 else a
 
     def score(keep: frozenset[str]) -> Choice:
@@ -135,18 +141,14 @@ def search(
     # is compared whenever the first step does not beat it): the concentrated alternative
     grown = frozenset[str]()
     for a in options:
-        grown = _pick(grown, a, score)
-        best = _better(best, score(grown))
+        now, more = score(grown), score(grown | {a})
+        compared.append((now.keep, more.keep, 0.0))
+        if more.score > now.score:
+            grown, now = grown | {a}, more
+        best = _better(best, now)
     if must_admit and not best.pack.admits:
         # An idle server whose every set admits nothing (say, only absent prefixes wait and
         # none is in a set yet): the same pack, unrestricted, with every pin released.
         loose = score_set(inp, agents, frozenset(), beta, joint=False)
         best = loose if loose.pack.admits else best
-    return best
-
-
-def _pick(
-    keep: frozenset[str], a: str, score: Callable[[frozenset[str]], Choice]
-) -> frozenset[str]:
-    bigger = keep | {a}
-    return bigger if score(bigger).score > score(keep).score else keep
+    return replace(best, visited=tuple(seen.values()), comparisons=tuple(compared))
