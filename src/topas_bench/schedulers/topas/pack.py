@@ -78,6 +78,7 @@ class PackInputs:
     scan: int
     preempt_margin_s: float
     open_agents: frozenset[str] = frozenset()  # agents with no shared prefix: never restricted
+    running_tasks: frozenset[str] = frozenset()  # tasks with a running request (a move stalls)
 
 
 def pin_delta(inp: PackInputs, keep: frozenset[str]) -> int:
@@ -177,7 +178,7 @@ def _backfill_ok(
     return True
 
 
-def _earliest_fit(need: float, budget: float, releases: Sequence[tuple[float, int]]) -> float:
+def _earliest_fit(need: float, budget: float, releases: Sequence[tuple[float, float]]) -> float:
     """When released memory first lets `need` fit (strictly below the budget)."""
     if need < budget:
         return 0.0
