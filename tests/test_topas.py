@@ -148,12 +148,32 @@ def test_unknown_parameter_is_rejected() -> None:
         make_policy("topas", K=2, max_actions=3)
 
 
-@pytest.mark.parametrize("flag", ["use_reuse", "use_aging", "density", "move_stall", "joint"])
+@pytest.mark.parametrize(
+    "flag", ["use_reuse", "use_aging", "density", "move_stall", "joint", "pins"]
+)
 @pytest.mark.parametrize("value", ["False", "maybe", 0, None])
 def test_switches_must_be_booleans(flag: str, value: object) -> None:
     """A string like "False" is truthy: accepting it would leave an ablation switch on."""
     with pytest.raises(InvalidParameter, match=f"topas: {flag} must be true or false"):
         make_policy("topas", **{flag: value})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("move_charge", "all"), ("move_charge", 1), ("reuse_users", "waiting"), ("reuse_users", None)],
+)
+def test_score_forms_must_be_named(name: str, value: object) -> None:
+    with pytest.raises(InvalidParameter, match=f"topas: {name} must be one of"):
+        make_policy("topas", **{name: value})
+    with pytest.raises(InvalidParameter, match="path_samples must be an integer >= 0"):
+        make_policy("topas", path_samples=-1)
+
+
+def test_the_variants_set_their_forms() -> None:
+    assert make_policy("topas-move-stall").p.stall_charge == "affected"  # type: ignore[attr-defined]
+    assert make_policy("topas", move_stall=True).p.stall_charge == "running"  # type: ignore[attr-defined]
+    assert make_policy("topas-no-pins").p.pins is False  # type: ignore[attr-defined]
+    assert make_policy("topas-expected-path").p.path_samples == 16  # type: ignore[attr-defined]
 
 
 def test_the_papers_names_are_aliases() -> None:
