@@ -119,9 +119,9 @@ def test_fast_path_is_the_step_by_step_path(workload: str, setting: str, mode: s
 VARIANTS = {
     "no-joint": ("topas-no-joint", {}),
     "no-pins": ("topas-no-pins", {}),
-    "move-stall": ("topas-move-stall", {}),
+    "no-move-stall": ("topas-no-move-stall", {}),
+    "prev-score": ("topas-prev-score", {}),
     "move-running": ("topas", {"move_charge": "running"}),
-    "reuse-all": ("topas", {"reuse_users": "all"}),
     "path-samples": ("topas", {"path_samples": 16}),
 }
 

@@ -170,7 +170,10 @@ def test_score_forms_must_be_named(name: str, value: object) -> None:
 
 
 def test_the_variants_set_their_forms() -> None:
-    assert make_policy("topas-move-stall").p.stall_charge == "affected"  # type: ignore[attr-defined]
+    assert make_policy("topas").p.stall_charge == "affected"  # type: ignore[attr-defined]
+    assert make_policy("topas-no-move-stall").p.stall_charge == "admitted"  # type: ignore[attr-defined]
+    prev = make_policy("topas-prev-score").p  # type: ignore[attr-defined]
+    assert (prev.move_charge, prev.reuse_users) == ("admitted", "next")
     assert make_policy("topas", move_stall=True).p.stall_charge == "running"  # type: ignore[attr-defined]
     assert make_policy("topas-no-pins").p.pins is False  # type: ignore[attr-defined]
     assert make_policy("topas-expected-path").p.path_samples == 16  # type: ignore[attr-defined]
@@ -387,13 +390,14 @@ def test_agent_info_counts_one_hop_stages_whose_deps_are_done() -> None:
         "c": PrefixView("c", 3000, PrefixLocation.HOST, 0, False),
     }
     v = View([], {"t": task}, est, running=[r], reloads={"b": 2.0, "c": 0.5})
-    info = Topas()._agents(v, prefixes, [])  # type: ignore[arg-type]
+    info = Topas(reuse_users="next")._agents(v, prefixes, [])  # type: ignore[arg-type]
     assert info["b"] == AgentInfo(2.0, True, 2000, 2, 1)  # one running task a move stalls
     assert info["c"] == AgentInfo(0.5, False, 3000, 0, 1)
 
 
 def test_agent_users_count_waiting_requests_with_reuse_users_all() -> None:
-    """`reuse_users="all"`: n_a is the one-hop users plus the agent's waiting requests."""
+    """`reuse_users="all"` (the default): n_a is the one-hop users plus the agent's waiting
+    requests; "next": the one-hop users only."""
     est = FixedEstimator({})
     r = Req(1, "t", "s0", agent="a")
     w1, w2 = Req(2, "u", "s0", agent="b"), Req(3, "v", "s0", agent="b")
@@ -407,9 +411,9 @@ def test_agent_users_count_waiting_requests_with_reuse_users_all() -> None:
     }
     prefixes = {"b": PrefixView("b", 2000, PrefixLocation.GPU, 0, False)}
     v = View([w1, w2], {"t": task, **waits}, est, running=[r], reloads={"b": 2.0})
-    assert Topas()._agents(v, prefixes, [])["b"].next_users == 1  # type: ignore[arg-type]
-    every = Topas(reuse_users="all")._agents(v, prefixes, [])  # type: ignore[arg-type]
-    assert every["b"].next_users == 3
+    one_hop = Topas(reuse_users="next")._agents(v, prefixes, [])  # type: ignore[arg-type]
+    assert one_hop["b"].next_users == 1
+    assert Topas()._agents(v, prefixes, [])["b"].next_users == 3  # type: ignore[arg-type]
 
 
 # -- GREEDY-PACK ---------------------------------------------------------------------------------

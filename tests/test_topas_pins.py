@@ -73,6 +73,8 @@ def test_topas_no_pins_pins_nothing() -> None:
     assert not any(rec["held"])
 
 
-@pytest.mark.parametrize("name", ["topas-no-pins", "topas-no-joint", "topas-move-stall"])
+@pytest.mark.parametrize(
+    "name", ["topas-no-pins", "topas-no-joint", "topas-no-move-stall", "topas-prev-score"]
+)
 def test_ablations_are_registered(name: str) -> None:
     assert name in ABLATIONS and name in SCHEDULERS

@@ -30,11 +30,12 @@ from topas_bench.schedulers.topas import (
     Topas,
     TopasBase,
     TopasExpectedPath,
-    TopasMoveStall,
     TopasNoAging,
     TopasNoJoint,
+    TopasNoMoveStall,
     TopasNoPins,
     TopasNoReuse,
+    TopasPrevScore,
 )
 
 SCHEDULERS: Registry[type[Policy]] = Registry("scheduler")
@@ -49,7 +50,8 @@ SCHEDULERS.add("topas-no-reuse", TopasNoReuse)
 SCHEDULERS.add("topas-no-aging", TopasNoAging)
 SCHEDULERS.add("topas-no-joint", TopasNoJoint)
 SCHEDULERS.add("topas-no-pins", TopasNoPins)
-SCHEDULERS.add("topas-move-stall", TopasMoveStall)
+SCHEDULERS.add("topas-no-move-stall", TopasNoMoveStall)
+SCHEDULERS.add("topas-prev-score", TopasPrevScore)
 SCHEDULERS.add("topas-expected-path", TopasExpectedPath)
 SCHEDULERS.add("kvflow", KVFlow)
 SCHEDULERS.add("continuum", Continuum)
@@ -77,7 +79,7 @@ PEERS = ("kvflow", "continuum", "lpm-aging", *SGLANG_STOCK)
 #: TOPAS's ablations (docs/design.md section 5).
 ABLATIONS = (
     "topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint", "topas-no-pins",
-    "topas-move-stall",
+    "topas-no-move-stall", "topas-prev-score",
 )  # fmt: skip
 
 

@@ -5,14 +5,16 @@ from topas_bench.schedulers.topas.policy import (
     Topas,
     TopasBase,
     TopasExpectedPath,
-    TopasMoveStall,
     TopasNoAging,
     TopasNoJoint,
+    TopasNoMoveStall,
     TopasNoPins,
     TopasNoReuse,
+    TopasPrevScore,
 )
 
 __all__ = [
-    "Topas", "TopasBase", "TopasExpectedPath", "TopasMoveStall", "TopasNoAging",
-    "TopasNoJoint", "TopasNoPins", "TopasNoReuse", "TopasParams",
+    "Topas", "TopasBase", "TopasExpectedPath", "TopasNoAging",
+    "TopasNoJoint", "TopasNoMoveStall", "TopasNoPins", "TopasNoReuse", "TopasParams",
+    "TopasPrevScore",
 ]  # fmt: skip

@@ -28,18 +28,18 @@ refresh_limit (128): per decision, at most this many waiting tasks whose paths a
 starvation_mult (4.0; 0 = off): a request waiting longer than starvation_mult x T0 goes first,
     oldest first, no later candidate may delay it (conservative backfill), and it is not
     preempted once running.
-move_charge ("admitted"): who pays a swap-in (the reload of an absent prefix an admission
+move_charge ("affected"): who pays a swap-in (the reload of an absent prefix an admission
     brings in). "affected" (the paper's J_move, "charged to each affected task"): every task
     the move stalls, i.e. every running task (decode waits for the prefill that computes it)
     and every task the pack admits (they wait in that prefill); "admitted": once per prefix,
     as the admitted task's own delay (ours, the default before issue 21); "running": once
     plus once per running task (ours, the former `move_stall` switch). docs/topas.md gives
-    the tuning-seed comparison that chose the default.
+    the tuning-seed comparison.
 move_stall (False): the former switch, kept as an alias: True = move_charge "running".
-reuse_users ("next"): who counts as an agent's users n_a, in V_reuse and in the swap-out of
-    an evicted prefix. "next": the paper's n_a, stages of the agent that become ready once the
-    running stages finish (one hop); "all": those plus the agent's waiting requests (ours,
-    issue 21: a resident prefix also serves the requests already queued for it).
+reuse_users ("all"): who counts as an agent's users n_a, in V_reuse and in the swap-out of
+    an evicted prefix. "all" (the paper's reuse as issue 21 reads it): the agent's waiting
+    requests and its stages that become ready once the running stages finish; "next": only
+    the latter, one hop (ours, the default before issue 21).
 pins (True): False = no residency choice at all (the `topas-no-pins` ablation): no resident
     set is searched, nothing is pinned (kept prefixes are released), and the pack admits any
     candidate, as `joint` False does.
@@ -96,9 +96,9 @@ class TopasParams:
     scan_limit: int = 32
     refresh_limit: int = 128
     starvation_mult: float = 4.0
-    move_charge: str = "admitted"
+    move_charge: str = "affected"
     move_stall: bool = False
-    reuse_users: str = "next"
+    reuse_users: str = "all"
     pins: bool = True
     path_samples: int = 0
     joint: bool = True

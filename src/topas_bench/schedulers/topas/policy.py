@@ -363,12 +363,20 @@ class TopasNoPins(Topas):
     defaults: ClassVar[dict[str, Any]] = {"pins": False}
 
 
-class TopasMoveStall(Topas):
-    """TOPAS whose swap-in is charged to every task the move stalls, the running ones and the
-    admitted ones (ablation of the move term; the paper's "each affected task")."""
+class TopasNoMoveStall(Topas):
+    """TOPAS whose swap-in is charged once, to the admitting task, not to every task the move
+    stalls (ablation of the move term's stall)."""
 
-    name = "topas-move-stall"
-    defaults: ClassVar[dict[str, Any]] = {"move_charge": "affected"}
+    name = "topas-no-move-stall"
+    defaults: ClassVar[dict[str, Any]] = {"move_charge": "admitted"}
+
+
+class TopasPrevScore(Topas):
+    """TOPAS with the score's move and reuse terms as before issue 21 (ours): a swap-in charged
+    once per prefix, n_a the one-hop users only."""
+
+    name = "topas-prev-score"
+    defaults: ClassVar[dict[str, Any]] = {"move_charge": "admitted", "reuse_users": "next"}
 
 
 class TopasExpectedPath(Topas):
