@@ -40,3 +40,4 @@ class FakeStage:
     delay_s: float = 0.0
     state: StageState = StageState.BLOCKED
     request: FakeRequest | None = None
+    pending_outputs: tuple[tuple[str, str, str], ...] = ()

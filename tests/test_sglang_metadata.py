@@ -15,6 +15,7 @@ from topas_bench.runners.sglang.tracker import TrackedTask, Tracker, _topo
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.schedulers.base import StageState
 from topas_bench.schedulers.estimator import ServiceEstimator
+from topas_bench.workloads.model import output_key
 from topas_bench.workloads.registry import generate
 
 
@@ -33,6 +34,27 @@ def test_round_trip() -> None:
     assert (meta.task_id, meta.stage_id, meta.agent, meta.prefix_tokens) == (task.id, "s3", "D", 30)
     assert meta.arrival_unix_s == 1234.5 and meta.segments == st.prompt
     assert [(s.id, s.deps) for s in meta.stages] == [(s.id, s.deps) for s in task.stages]
+
+
+def test_dag_sends_no_upstream_output_length() -> None:
+    """A stage's prompt size goes without its task's outputs (which a client does not know
+    before they are made); the tracker shows each once its stage is done (issue 21)."""
+    task = _task()
+    meta, _ = decode(encode(task, task.stages[0], 0.0, 30))
+    assert meta is not None
+    by_id = {s.id: s for s in task.stages}
+    for m in meta.stages:
+        st = by_id[m.id]
+        outs = {output_key(task.id, d): d for d in by_id}
+        carried = [g for g in st.prompt if g.key in outs]
+        assert m.outputs == tuple(outs[g.key] for g in carried)
+        assert m.prompt_tokens == st.prompt_tokens - sum(g.tokens for g in carried)
+    last = meta.stages[-1]
+    assert last.outputs  # the joiner carries its branches' outputs
+    tracked = TrackedTask(meta, 0.0)
+    view = tracked.stages[last.id]
+    assert view.prompt_tokens == last.prompt_tokens
+    assert [sid for sid, _, _ in view.pending_outputs] == list(last.outputs)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +174,7 @@ def _record(**over: Any) -> dict[str, Any]:
         (json.dumps(_record(prefix=True)), "prefix: expected a count"),
         (json.dumps(_record(dag=[["a", "A", "", [], 1, float("nan")]])).replace("NaN", "1e999"),
          "delay_s"),
-        (json.dumps(_record(dag=[["a", "A", "", [], 1]])), "6-item list"),
+        (json.dumps(_record(dag=[["a", "A", "", [], 1]])), "6- or 7-item list"),
         (json.dumps(_record(segments=[["k"]])), "[key, tokens] pair"),
         (json.dumps(_record(dag=[["a", "A", "", [], 1, 0], ["a", "A", "", [], 1, 0]])),
          "duplicate stage ids"),

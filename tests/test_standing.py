@@ -64,9 +64,11 @@ def simulate(
     mode: str = "exact",
     scheduler: str = "topas",
     tasks: int = 0,
+    params: dict[str, Any] | None = None,
 ) -> SimResult:
     w, cfg = case(workload, setting, mode, tasks)
-    return Simulator(w, make_policy(scheduler), CostModel(PRESET), cfg, stand=stand).run()
+    policy = make_policy(scheduler, **(params or {}))
+    return Simulator(w, policy, CostModel(PRESET), cfg, stand=stand).run()
 
 
 def sample(workload: str, tasks: int, seed: int, mode: str = "exact") -> Workload:
@@ -112,12 +114,39 @@ def test_fast_path_is_the_step_by_step_path(workload: str, setting: str, mode: s
     assert len(fast.decisions) < len(slow.decisions)  # the fast path did skip attempts
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("workload", ["dag4", "metagpt-tl"])
-@pytest.mark.parametrize("mode", MODES)
-def test_fast_path_holds_for_the_no_joint_ablation(workload: str, mode: str) -> None:
-    fast = simulate(workload, "small", stand=True, mode=mode, scheduler="topas-no-joint")
-    slow = simulate(workload, "small", stand=False, mode=mode, scheduler="topas-no-joint")
+#: TOPAS's ablations and score variants (scheduler, params): the certificate must be as
+#: conservative for each as for the default.
+VARIANTS = {
+    "no-joint": ("topas-no-joint", {}),
+    "no-pins": ("topas-no-pins", {}),
+    "no-move-stall": ("topas-no-move-stall", {}),
+    "prev-score": ("topas-prev-score", {}),
+    "move-running": ("topas", {"move_charge": "running"}),
+    "path-samples": ("topas", {"path_samples": 16}),
+}
+
+
+def _variant_case(variant: str, workload: str, setting: str, mode: str) -> Any:
+    quick = (workload, setting, mode) == ("dag4", "derived", "cap")
+    return pytest.param(variant, workload, setting, mode,
+                        marks=[] if quick else [pytest.mark.slow])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("variant", "workload", "setting", "mode"),
+    [
+        _variant_case(v, w, s, m)
+        for v in VARIANTS
+        for w, s in (("dag4", "derived"), ("dag4", "small"), ("metagpt-tl", "small"))
+        for m in MODES
+    ],
+)
+def test_fast_path_holds_for_the_variants(
+    variant: str, workload: str, setting: str, mode: str
+) -> None:
+    scheduler, params = VARIANTS[variant]
+    fast = simulate(workload, setting, stand=True, mode=mode, scheduler=scheduler, params=params)
+    slow = simulate(workload, setting, stand=False, mode=mode, scheduler=scheduler, params=params)
     assert differences(fast, slow) == []
 
 

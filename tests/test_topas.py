@@ -148,12 +148,35 @@ def test_unknown_parameter_is_rejected() -> None:
         make_policy("topas", K=2, max_actions=3)
 
 
-@pytest.mark.parametrize("flag", ["use_reuse", "use_aging", "density", "move_stall", "joint"])
+@pytest.mark.parametrize(
+    "flag", ["use_reuse", "use_aging", "density", "move_stall", "joint", "pins"]
+)
 @pytest.mark.parametrize("value", ["False", "maybe", 0, None])
 def test_switches_must_be_booleans(flag: str, value: object) -> None:
     """A string like "False" is truthy: accepting it would leave an ablation switch on."""
     with pytest.raises(InvalidParameter, match=f"topas: {flag} must be true or false"):
         make_policy("topas", **{flag: value})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("move_charge", "all"), ("move_charge", 1), ("reuse_users", "waiting"), ("reuse_users", None)],
+)
+def test_score_forms_must_be_named(name: str, value: object) -> None:
+    with pytest.raises(InvalidParameter, match=f"topas: {name} must be one of"):
+        make_policy("topas", **{name: value})
+    with pytest.raises(InvalidParameter, match="path_samples must be an integer >= 0"):
+        make_policy("topas", path_samples=-1)
+
+
+def test_the_variants_set_their_forms() -> None:
+    assert make_policy("topas").p.stall_charge == "affected"  # type: ignore[attr-defined]
+    assert make_policy("topas-no-move-stall").p.stall_charge == "admitted"  # type: ignore[attr-defined]
+    prev = make_policy("topas-prev-score").p  # type: ignore[attr-defined]
+    assert (prev.move_charge, prev.reuse_users) == ("admitted", "next")
+    assert make_policy("topas", move_stall=True).p.stall_charge == "running"  # type: ignore[attr-defined]
+    assert make_policy("topas-no-pins").p.pins is False  # type: ignore[attr-defined]
+    assert make_policy("topas-expected-path").p.path_samples == 16  # type: ignore[attr-defined]
 
 
 def test_the_papers_names_are_aliases() -> None:
@@ -367,11 +390,30 @@ def test_agent_info_counts_one_hop_stages_whose_deps_are_done() -> None:
         "c": PrefixView("c", 3000, PrefixLocation.HOST, 0, False),
     }
     v = View([], {"t": task}, est, running=[r], reloads={"b": 2.0, "c": 0.5})
-    info = Topas()._agents(v, prefixes, [])  # type: ignore[arg-type]
-    assert info["b"] == AgentInfo(2.0, True, 2000, 2, 0)
-    assert info["c"] == AgentInfo(0.5, False, 3000, 0, 0)
-    stall = Topas(move_stall=True)._agents(v, prefixes, [])  # type: ignore[arg-type]
-    assert stall["b"].stall_tasks == 1
+    info = Topas(reuse_users="next")._agents(v, prefixes, [])  # type: ignore[arg-type]
+    assert info["b"] == AgentInfo(2.0, True, 2000, 2, 1)  # one running task a move stalls
+    assert info["c"] == AgentInfo(0.5, False, 3000, 0, 1)
+
+
+def test_agent_users_count_waiting_requests_with_reuse_users_all() -> None:
+    """`reuse_users="all"` (the default): n_a is the one-hop users plus the agent's waiting
+    requests; "next": the one-hop users only."""
+    est = FixedEstimator({})
+    r = Req(1, "t", "s0", agent="a")
+    w1, w2 = Req(2, "u", "s0", agent="b"), Req(3, "v", "s0", agent="b")
+    task = TaskV("t", {
+        "s0": StageV("s0", agent="a", children=("s1",), state=StageState.RUNNING, request=r),
+        "s1": StageV("s1", agent="b", deps=("s0",)),
+    })  # fmt: skip
+    waits = {
+        tid: TaskV(tid, {"s0": StageV("s0", agent="b", state=StageState.WAITING, request=q)})
+        for tid, q in (("u", w1), ("v", w2))
+    }
+    prefixes = {"b": PrefixView("b", 2000, PrefixLocation.GPU, 0, False)}
+    v = View([w1, w2], {"t": task, **waits}, est, running=[r], reloads={"b": 2.0})
+    one_hop = Topas(reuse_users="next")._agents(v, prefixes, [])  # type: ignore[arg-type]
+    assert one_hop["b"].next_users == 1
+    assert Topas()._agents(v, prefixes, [])["b"].next_users == 3  # type: ignore[arg-type]
 
 
 # -- GREEDY-PACK ---------------------------------------------------------------------------------
@@ -482,11 +524,24 @@ def agent(reload_s: float, *, resident: bool = True, tokens: int = 1000, users: 
     return AgentInfo(reload_s, resident, tokens, users, stall)
 
 
-def test_score_charges_swap_in_once_per_brought_prefix() -> None:
-    ranked = [cand(1, "a", 9.0, 3000, absent=True)]
-    agents = {"a": agent(2.5, resident=False, stall=3)}
-    got = score_set(inputs(ranked, 1e6), agents, frozenset(), beta=0.0, joint=False)
-    assert got.score == pytest.approx(9.0 - 2.5 * (1 + 3))
+@pytest.mark.parametrize(
+    ("charge", "payers"),
+    [("admitted", 1), ("running", 1 + 3), ("affected", 3 + 2)],
+)
+def test_score_charges_swap_in_per_move_charge(charge: str, payers: int) -> None:
+    """One absent prefix (a) brought in by two admissions: "admitted" charges its reload once,
+    "running" once plus once per running task, "affected" once per task it stalls: the three
+    running tasks (x, y, z) and the two the pack admits (t1, t2)."""
+    ranked = [cand(1, "a", 9.0, 3000, absent=True), cand(2, "b", 4.0, 1000)]
+    agents = {"a": agent(2.5, resident=False, stall=3), "b": agent(1.0)}
+    inp = inputs(ranked, 1e6, running_tasks=frozenset({"x", "y", "z"}))
+    got = score_set(inp, agents, frozenset(), beta=0.0, joint=False, charge=charge)
+    assert [c.req.rid for c in got.pack.admits] == [1, 2]
+    assert got.score == pytest.approx(13.0 - 2.5 * payers)
+    # a task both running and admitted pays once
+    inp = inputs(ranked, 1e6, running_tasks=frozenset({"t1", "y", "z"}))
+    both = score_set(inp, agents, frozenset(), beta=0.0, joint=False, charge="affected")
+    assert both.score == pytest.approx(13.0 - 2.5 * 4)
 
 
 def test_score_charges_swap_out_when_the_pack_needs_an_unkept_prefix() -> None:
@@ -738,3 +793,44 @@ def test_requests_with_nothing_reusable_are_never_held_back() -> None:
     inp = inputs(ranked, 1e6, open_agents=frozenset({"solo"}))
     pack = greedy_pack(inp, frozenset(), frozenset())
     assert [c.req.rid for c in pack.admits] == [2]
+
+
+# -- L_i as E[LP(Z)] ------------------------------------------------------------------------------
+def _fork(width: int) -> TaskV:
+    """A planner done, `width` parallel workers not sent yet, a joiner: a DAG whose longest
+    path is a maximum over branches."""
+    stages = {"P": StageV("P", kind="p", children=tuple(f"W{i}" for i in range(width)),
+                          state=StageState.DONE)}  # fmt: skip
+    for i in range(width):
+        stages[f"W{i}"] = StageV(f"W{i}", kind="w", deps=("P",), children=("J",))
+    stages["J"] = StageV("J", kind="j", deps=tuple(stages)[1:])
+    return TaskV("t", stages)
+
+
+def _spread_estimator() -> Any:
+    from topas_bench.schedulers.estimator import ServiceEstimator
+
+    est = ServiceEstimator(COST)
+    for n in (10, 1000) * 10:  # workers end short or long, half each
+        est.observe("a", "w", n)
+    return est
+
+
+def test_expected_longest_path_exceeds_the_longest_expected_path_on_branches() -> None:
+    """Eight branches each short or long: LP(E[Z]) runs every branch at its mean; E[LP(Z)] is
+    nearly the long one (the chance that all eight are short is 1/256)."""
+    est, task = _spread_estimator(), _fork(8)
+    mean = task_path(task, est, 2.0, [])  # type: ignore[arg-type]
+    expected = task_path(task, est, 2.0, [], samples=64)  # type: ignore[arg-type]
+    long_gap = (1000 - 505) * est.tpot_s
+    assert expected.service_s > mean.service_s + 0.8 * long_gap
+    assert expected.hops == mean.hops == 2
+    # seeded by the task id: the same draws every time
+    assert task_path(task, est, 2.0, [], samples=64) == expected  # type: ignore[arg-type]
+
+
+def test_expected_longest_path_of_a_chain_is_the_sum_of_means() -> None:
+    stages = {"A": StageV("A", kind="w", children=("B",)), "B": StageV("B", kind="w", deps=("A",))}
+    est = _spread_estimator()
+    got = task_path(TaskV("t", stages), est, 2.0, [], samples=32)  # type: ignore[arg-type]
+    assert got == task_path(TaskV("t", stages), est, 2.0, [])  # type: ignore[arg-type]

@@ -41,7 +41,8 @@ DEFAULT_GRID: dict[str, tuple[Any, ...]] = {
     "rho": (0.0, 0.5, 1.0, 2.0),
     "h_age_mult": (0.5, 1.0, 2.0, 4.0),
     "max_actions": (2, 4, 8, 16),
-    "move_stall": (False, True),
+    "move_charge": ("admitted", "affected", "running"),
+    "reuse_users": ("next", "all"),
     "starvation_mult": (0.0, 2.0, 4.0, 8.0),
     "density": (False, True),
 }

@@ -188,6 +188,29 @@ class ServiceEstimator:
             return full
         return self._residual(agent, kind, generated)
 
+    def residual_tokens_sample(
+        self,
+        agent: str,
+        kind: str,
+        generated: int,
+        u: float,
+        key: tuple[str, str] | None = None,
+    ) -> float:
+        """The `u`-quantile (0 <= u < 1) of the output tokens still to come, over the lengths
+        seen above `generated` (`residual_tokens` where none is: no spread is known; the true
+        length under the oracle). Averaged over uniform u it is the empirical residual mean."""
+        if self._true is not None and key is not None:
+            return self.residual_tokens(agent, kind, generated, key)
+        d = self._dists.get((agent, kind))
+        if d is None:
+            return self.residual_tokens(agent, kind, generated, key)
+        seen = d._sorted
+        i = bisect.bisect_right(seen, generated)
+        n = len(seen) - i
+        if n <= 0:
+            return self.residual_tokens(agent, kind, generated, key)
+        return seen[i + min(int(u * n), n - 1)] - generated
+
     def residual_tokens_range(
         self, agent: str, kind: str, generated: int, steps: int, key: tuple[str, str] | None = None
     ) -> tuple[float, float]:
@@ -221,10 +244,19 @@ class ServiceEstimator:
             t = self._prefill_memo[key] = self._cost.prefill_s([(cached_tokens, new_tokens)])
         return t
 
+    def prompt_estimate(self, task_id: str, stage: StageView) -> float:
+        """Expected prompt size of a stage not yet sent: what exists of it, plus the expected
+        output of each stage whose output it will carry and that has not finished (the same
+        estimate every policy gets; the true outputs are not shown before they are made)."""
+        total = float(stage.prompt_tokens)
+        for sid, agent, kind in stage.pending_outputs:
+            total += self.residual_tokens(agent, kind, 0, (task_id, sid))
+        return total
+
     def stage_service_s(self, task_id: str, stage: StageView, cached_tokens: int = 0) -> float:
         """Expected service of a stage not yet admitted (prefill + all its output)."""
         out = self.residual_tokens(stage.agent, stage.kind, 0, (task_id, stage.id))
-        new = max(stage.prompt_tokens - cached_tokens, 1)
+        new = max(int(self.prompt_estimate(task_id, stage)) - cached_tokens, 1)
         return self.prefill_s(new, cached_tokens) + out * self._tpot_s
 
     def residual_service_s(self, req: RequestView, cached_tokens: int = 0) -> float:

@@ -29,9 +29,13 @@ from topas_bench.schedulers.spf import SPF
 from topas_bench.schedulers.topas import (
     Topas,
     TopasBase,
+    TopasExpectedPath,
     TopasNoAging,
     TopasNoJoint,
+    TopasNoMoveStall,
+    TopasNoPins,
     TopasNoReuse,
+    TopasPrevScore,
 )
 
 SCHEDULERS: Registry[type[Policy]] = Registry("scheduler")
@@ -45,6 +49,10 @@ SCHEDULERS.add("topas-base", TopasBase)
 SCHEDULERS.add("topas-no-reuse", TopasNoReuse)
 SCHEDULERS.add("topas-no-aging", TopasNoAging)
 SCHEDULERS.add("topas-no-joint", TopasNoJoint)
+SCHEDULERS.add("topas-no-pins", TopasNoPins)
+SCHEDULERS.add("topas-no-move-stall", TopasNoMoveStall)
+SCHEDULERS.add("topas-prev-score", TopasPrevScore)
+SCHEDULERS.add("topas-expected-path", TopasExpectedPath)
 SCHEDULERS.add("kvflow", KVFlow)
 SCHEDULERS.add("continuum", Continuum)
 SCHEDULERS.add("lpm-aging", LPMAging)
@@ -69,7 +77,10 @@ SGLANG_STOCK = (
 #: The peers the paper left out: systems that decide what to keep, and stock SGLang.
 PEERS = ("kvflow", "continuum", "lpm-aging", *SGLANG_STOCK)
 #: TOPAS's ablations (docs/design.md section 5).
-ABLATIONS = ("topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint")
+ABLATIONS = (
+    "topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint", "topas-no-pins",
+    "topas-no-move-stall", "topas-prev-score",
+)  # fmt: skip
 
 
 def make_policy(name: str, **params: Any) -> Policy:

@@ -83,7 +83,18 @@ class StageView(Protocol):
     @property
     def children(self) -> tuple[str, ...]: ...
     @property
-    def prompt_tokens(self) -> int: ...
+    def prompt_tokens(self) -> int:
+        """Its prompt's tokens that exist now: before it is sent, without the outputs of its
+        task's stages that have not finished (`pending_outputs`; the estimator's
+        `prompt_estimate` adds their expected lengths)."""
+        ...
+
+    @property
+    def pending_outputs(self) -> tuple[tuple[str, str, str], ...]:
+        """(stage id, agent, kind) of each stage of its task whose output its prompt will
+        carry and that has not finished."""
+        ...
+
     @property
     def delay_s(self) -> float: ...
     @property

@@ -37,7 +37,7 @@ def expected_remaining_s(
     if hit is not None and hit[0] == est.version and hit[1] == len(unsent):
         prefill, tokens = hit[2], hit[3]
     else:
-        prefill = sum(est.prefill_s(st.prompt_tokens) for st in unsent)
+        prefill = sum(est.prefill_s(int(est.prompt_estimate(task.id, st))) for st in unsent)
         tokens = sum(est.residual_tokens(st.agent, st.kind, 0, (task.id, st.id)) for st in unsent)
         if memo is not None:
             memo[task.id] = (est.version, len(unsent), prefill, tokens)

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from topas_bench.workloads.model import Segment, Stage, Task, agent_key
+from topas_bench.workloads.model import Segment, Stage, Task, agent_key, output_key
 
 KEY = "topas"
 SCHEMA = 1
@@ -36,8 +36,11 @@ class StageMeta(NamedTuple):
     agent: str
     kind: str
     deps: tuple[str, ...]
-    prompt_tokens: int
+    prompt_tokens: int  # without the outputs of its task's stages (`outputs`)
     delay_s: float
+    #: stages of the same task whose outputs its prompt carries: their lengths are not sent
+    #: (the tracker adds each once it is made, `tracker.TrackedStage`)
+    outputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +76,18 @@ def encode(task: Task, stage: Stage, arrival_unix_s: float, prefix_tokens: int) 
         "arrival": arrival_unix_s,
         "prefix": prefix_tokens,
         "segments": [[s.key, s.tokens] for s in stage.prompt],
-        "dag": [
-            [s.id, s.agent, s.kind, list(s.deps), s.prompt_tokens, s.delay_s] for s in task.stages
-        ],
+        "dag": [_dag_item(task, s) for s in task.stages],
     }
     return {KEY: json.dumps(record, separators=(",", ":"))}
+
+
+def _dag_item(task: Task, s: Stage) -> list[Any]:
+    """A stage as the DAG sends it: its prompt without the outputs of its task's stages (a
+    client does not know a call's output before it is made), and which stages those are."""
+    made = {output_key(task.id, x.id): x.id for x in task.stages if x.id != s.id}
+    outs = [(made[g.key], g.tokens) for g in s.prompt if g.key in made]
+    text = s.prompt_tokens - sum(t for _, t in outs)
+    return [s.id, s.agent, s.kind, list(s.deps), text, s.delay_s, [sid for sid, _ in outs]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,14 +212,22 @@ def _parse(rec: Any, limits: Limits) -> RequestMeta:
 
 
 def _stages(dag: list[Any], max_deps: int) -> tuple[StageMeta, ...]:
-    """`dag`'s `[id, agent, kind, deps, prompt_tokens, delay_s]` items as stages. The hot path
+    """`dag`'s `[id, agent, kind, deps, prompt_tokens, delay_s, outputs]` items as stages (the
+    last item optional: a stage whose prompt carries no other stage's output). The hot path
     of a large DAG, so the checks are inline (exact JSON types: `type(x) is int` also rules
     out bools)."""
     out = []
     for s in dag:
-        if type(s) is not list or len(s) != 6:
-            raise _Bad("malformed: dag: a stage is not a 6-item list")
-        sid, agent, kind, deps, tokens, delay = s
+        if type(s) is not list or not 6 <= len(s) <= 7:
+            raise _Bad("malformed: dag: a stage is not a 6- or 7-item list")
+        sid, agent, kind, deps, tokens, delay = s[:6]
+        outs: tuple[str, ...] = ()
+        if len(s) == 7:
+            if type(s[6]) is not list or len(s[6]) > max_deps:
+                raise _Bad(f"malformed: dag outputs: expected at most {max_deps} stage ids")
+            if any(type(x) is not str for x in s[6]):
+                raise _Bad("malformed: dag outputs: expected a list of stage ids")
+            outs = tuple(s[6])
         if type(sid) is not str or type(agent) is not str or type(kind) is not str:
             raise _Bad("malformed: dag: a stage's id, agent or kind is not a string")
         if type(deps) is not list:
@@ -225,7 +243,7 @@ def _stages(dag: list[Any], max_deps: int) -> tuple[StageMeta, ...]:
             delay = float(delay)
         if type(delay) is not float or not 0.0 <= delay < math.inf:
             raise _Bad("malformed: dag delay_s: expected seconds >= 0")
-        out.append(StageMeta(sid, agent, kind, tuple(deps), tokens, delay))
+        out.append(StageMeta(sid, agent, kind, tuple(deps), tokens, delay, outs))
     return tuple(out)
 
 

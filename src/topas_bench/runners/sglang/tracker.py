@@ -129,12 +129,13 @@ class TrackedStage:
     """A stage of a live task (satisfies `StageView`). Its children's ids are worked out on
     first use: a DAG may have 100,000 stages, most of which no policy ever asks about."""
 
-    __slots__ = ("_children", "_dag", "_kids", "meta", "request", "state")
+    __slots__ = ("_children", "_dag", "_kids", "_peers", "meta", "request", "state")
 
     def __init__(self, meta: StageMeta, kids: list[int], dag: Sequence[StageMeta]) -> None:
         self.meta = meta
         self._kids = kids  # indices into `dag`
         self._dag = dag
+        self._peers: Mapping[str, TrackedStage] = {}  # its task's stages (`TrackedTask`)
         self._children: tuple[str, ...] | None = None
         self.state = _BLOCKED if meta.deps else _DELAYED
         self.request: TrackedRequest | None = None
@@ -163,7 +164,22 @@ class TrackedStage:
 
     @property
     def prompt_tokens(self) -> int:
-        return self.meta.prompt_tokens
+        """What exists of its prompt: the text sent, plus each finished upstream output."""
+        total = self.meta.prompt_tokens
+        for sid in self.meta.outputs:
+            up = self._peers.get(sid)
+            if up is not None and up.state == StageState.DONE and up.request is not None:
+                total += up.request.generated
+        return total
+
+    @property
+    def pending_outputs(self) -> tuple[tuple[str, str, str], ...]:
+        out = []
+        for sid in self.meta.outputs:
+            up = self._peers.get(sid)
+            if up is not None and up.state != StageState.DONE:
+                out.append((sid, up.agent, up.kind))
+        return tuple(out)
 
     @property
     def delay_s(self) -> float:
@@ -194,6 +210,9 @@ class TrackedTask:
         dag = meta.stages
         order, children = _topo(dag)
         self._stages = {dag[i].id: TrackedStage(dag[i], children[i], dag) for i in order}
+        for st in self._stages.values():
+            if st.meta.outputs:
+                st._peers = self._stages
         self._done = 0  # stages in state DONE (`done` in O(1): a DAG may have 100,000 stages)
 
     @property

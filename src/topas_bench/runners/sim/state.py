@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from topas_bench.runners.sim.radix import Node
 from topas_bench.schedulers.base import StageState
-from topas_bench.workloads.model import Segment, Stage, Task
+from topas_bench.workloads.model import Segment, Stage, Task, output_key
 from topas_bench.workloads.pieces import Piece, fill_pieces
 
 
@@ -112,9 +112,11 @@ class SimRequest:
 
 
 class StageRun:
-    """A stage of a live task (satisfies `StageView`)."""
+    """A stage of a live task (satisfies `StageView`). Until it is sent, its prompt size counts
+    only what exists: the outputs of stages of its task that have not finished are left out
+    (they are `pending_outputs`), so the view never shows a true output before it is made."""
 
-    __slots__ = ("_stage", "children", "remaining_deps", "request", "state")
+    __slots__ = ("_outputs", "_stage", "children", "remaining_deps", "request", "state")
 
     def __init__(self, stage: Stage, children: tuple[str, ...]) -> None:
         self._stage = stage
@@ -122,6 +124,8 @@ class StageRun:
         self.remaining_deps = len(stage.deps)
         self.state = StageState.BLOCKED if stage.deps else StageState.DELAYED
         self.request: SimRequest | None = None
+        #: (stage of the same task, tokens) of each output its prompt carries (`TaskRun`)
+        self._outputs: tuple[tuple[StageRun, int], ...] = ()
 
     @property
     def stage(self) -> Stage:
@@ -145,7 +149,17 @@ class StageRun:
 
     @property
     def prompt_tokens(self) -> int:
-        return self._stage.prompt_tokens
+        total = self._stage.prompt_tokens
+        for up, tokens in self._outputs:
+            if up.state != StageState.DONE:
+                total -= tokens
+        return total
+
+    @property
+    def pending_outputs(self) -> tuple[tuple[str, str, str], ...]:
+        return tuple(
+            (up.id, up.agent, up.kind) for up, _ in self._outputs if up.state != StageState.DONE
+        )
 
     @property
     def delay_s(self) -> float:
@@ -167,6 +181,13 @@ class TaskRun:
             for d in s.deps:
                 children[d].append(s.id)
         self._stages = {s.id: StageRun(s, tuple(children[s.id])) for s in task.topo_order()}
+        made = {output_key(task.id, sid): run for sid, run in self._stages.items()}
+        for run in self._stages.values():
+            run._outputs = tuple(
+                (made[g.key], g.tokens)
+                for g in run.stage.prompt
+                if g.key in made and made[g.key] is not run
+            )
         self.pending = len(self._stages)
         self.version = 0  # bumped on every stage state change
 

@@ -4,9 +4,17 @@ from topas_bench.schedulers.topas.params import TopasParams
 from topas_bench.schedulers.topas.policy import (
     Topas,
     TopasBase,
+    TopasExpectedPath,
     TopasNoAging,
     TopasNoJoint,
+    TopasNoMoveStall,
+    TopasNoPins,
     TopasNoReuse,
+    TopasPrevScore,
 )
 
-__all__ = ["Topas", "TopasBase", "TopasNoAging", "TopasNoJoint", "TopasNoReuse", "TopasParams"]
+__all__ = [
+    "Topas", "TopasBase", "TopasExpectedPath", "TopasNoAging",
+    "TopasNoJoint", "TopasNoMoveStall", "TopasNoPins", "TopasNoReuse", "TopasParams",
+    "TopasPrevScore",
+]  # fmt: skip

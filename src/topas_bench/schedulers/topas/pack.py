@@ -78,6 +78,7 @@ class PackInputs:
     scan: int
     preempt_margin_s: float
     open_agents: frozenset[str] = frozenset()  # agents with no shared prefix: never restricted
+    running_tasks: frozenset[str] = frozenset()  # tasks with a running request (a move stalls)
 
 
 def pin_delta(inp: PackInputs, keep: frozenset[str]) -> int:

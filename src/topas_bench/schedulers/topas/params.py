@@ -28,8 +28,23 @@ refresh_limit (128): per decision, at most this many waiting tasks whose paths a
 starvation_mult (4.0; 0 = off): a request waiting longer than starvation_mult x T0 goes first,
     oldest first, no later candidate may delay it (conservative backfill), and it is not
     preempted once running.
-move_stall (False): charge a swap-in also to every running task, which stalls while the
-    prefix is computed.
+move_charge ("affected"): who pays a swap-in (the reload of an absent prefix an admission
+    brings in). "affected" (the paper's J_move, "charged to each affected task"): every task
+    the move stalls, i.e. every running task (decode waits for the prefill that computes it)
+    and every task the pack admits (they wait in that prefill); "admitted": once per prefix,
+    as the admitted task's own delay (ours, the default before issue 21); "running": once
+    plus once per running task (ours, the former `move_stall` switch). docs/topas.md gives
+    the tuning-seed comparison.
+move_stall (False): the former switch, kept as an alias: True = move_charge "running".
+reuse_users ("all"): who counts as an agent's users n_a, in V_reuse and in the swap-out of
+    an evicted prefix. "all" (the paper's reuse as issue 21 reads it): the agent's waiting
+    requests and its stages that become ready once the running stages finish; "next": only
+    the latter, one hop (ours, the default before issue 21).
+pins (True): False = no residency choice at all (the `topas-no-pins` ablation): no resident
+    set is searched, nothing is pinned (kept prefixes are released), and the pack admits any
+    candidate, as `joint` False does.
+path_samples (0): L_i as LP(E[Z]) (0: the longest path over expected stage times) or, with
+    N > 0, as E[LP(Z)] estimated from N samples of the stage times (`paths.py`).
 joint (True): R' restricts packing to its agents' requests (the paper's joint choice); False
     packs any candidate and uses R' only for pins (the `topas-no-joint` ablation).
 density (True, tuned): rank candidates by gain per budget token they take (admission need,
@@ -50,7 +65,18 @@ from topas_bench.schedulers.base import (
     require_number,
 )
 
+
+def require_choice(policy: str, name: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidParameter(
+            f"{policy}: {name} must be one of {', '.join(choices)}, got {value!r}"
+        )
+    return value
+
+
 NAME = "topas"
+MOVE_CHARGES = ("affected", "admitted", "running")
+REUSE_USERS = ("next", "all")
 #: The paper's names for three parameters (docs/design.md section 5), accepted as aliases.
 ALIASES = {"K": "max_actions", "M": "max_agents", "H_age": "h_age_s"}
 
@@ -70,7 +96,11 @@ class TopasParams:
     scan_limit: int = 32
     refresh_limit: int = 128
     starvation_mult: float = 4.0
+    move_charge: str = "affected"
     move_stall: bool = False
+    reuse_users: str = "all"
+    pins: bool = True
+    path_samples: int = 0
     joint: bool = True
     density: bool = True
     use_reuse: bool = True
@@ -92,8 +122,16 @@ class TopasParams:
         require_int(NAME, "scan_limit", self.scan_limit, 1)
         require_int(NAME, "refresh_limit", self.refresh_limit, 1)
         require_number(NAME, "starvation_mult", self.starvation_mult)
-        for flag in ("move_stall", "joint", "density", "use_reuse", "use_aging"):
+        for flag in ("move_stall", "pins", "joint", "density", "use_reuse", "use_aging"):
             require_bool(NAME, flag, getattr(self, flag))
+        require_choice(NAME, "move_charge", self.move_charge, MOVE_CHARGES)
+        require_choice(NAME, "reuse_users", self.reuse_users, REUSE_USERS)
+        require_int(NAME, "path_samples", self.path_samples, 0)
+
+    @property
+    def stall_charge(self) -> str:
+        """`move_charge`, with the former `move_stall` switch applied."""
+        return "running" if self.move_stall else self.move_charge
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,12 +14,25 @@ waiting branches share their joint reduction (see `task_path`).
 `TaskPath` keeps the result in a form that stays valid as the horizon moves: the critical
 path's service part and its number of horizon-carrying stages, and each waiting stage's delta
 as a fraction of the horizon.
+
+L_i above is LP(E[Z]), the longest path over expected stage times. The paper's quantity is
+E[LP(Z)], larger where parallel branches each may run long. With `samples` N > 0 (TOPAS's
+`path_samples`) `task_path` estimates it by Monte Carlo: N draws of every unfinished stage's
+remaining output (`ServiceEstimator.residual_tokens_sample`: quantiles of the lengths seen
+above what it generated; its prefill and tool delay stay at their expectation), from a
+generator seeded by the task id alone (common random numbers: the same task draws the same
+quantiles at every decision, so its path moves only with what changed). L_i, its service part
+and horizon hops (then fractional), and each waiting stage's share are the means over the
+draws. A chain is a sum, so E[LP(Z)] = LP(E[Z]): no sampling.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from topas_bench.schedulers.base import StageState, TaskView
 from topas_bench.schedulers.estimator import ServiceEstimator
@@ -28,7 +41,7 @@ from topas_bench.schedulers.estimator import ServiceEstimator
 @dataclass(frozen=True, slots=True)
 class TaskPath:
     service_s: float  # expected service along the critical path (no queueing)
-    hops: int  # stages on it that carry a horizon of expected queueing
+    hops: float  # stages on it that carry a horizon of expected queueing (mean over draws)
     delta_share: dict[str, float]  # waiting stage -> delta / horizon
 
     def length(self, horizon_s: float) -> float:
@@ -36,9 +49,13 @@ class TaskPath:
         return self.service_s + self.hops * horizon_s
 
 
-def stage_weights(task: TaskView, est: ServiceEstimator) -> dict[str, tuple[float, int]]:
-    """(expected service seconds, carries a horizon) of each unfinished stage."""
+def stage_weights(
+    task: TaskView, est: ServiceEstimator, draw: Mapping[str, float] | None = None
+) -> dict[str, tuple[float, int]]:
+    """(expected service seconds, carries a horizon) of each unfinished stage; with `draw`
+    (stage -> quantile), its output part at that quantile instead of its mean."""
     w: dict[str, tuple[float, int]] = {}
+    tpot = est.tpot_s
     for sid, st in task.stages.items():
         state = st.state
         if state == StageState.DONE:
@@ -50,6 +67,13 @@ def stage_weights(task: TaskView, est: ServiceEstimator) -> dict[str, tuple[floa
             w[sid] = (est.residual_service_s(req), 1)
         else:  # blocked or delayed: not sent yet
             w[sid] = (est.stage_service_s(task.id, st) + st.delay_s, 1)
+        if draw is not None:
+            gen = req.generated if req is not None else 0
+            key = (task.id, sid)
+            mean = est.residual_tokens(st.agent, st.kind, gen, key)
+            got = est.residual_tokens_sample(st.agent, st.kind, gen, draw[sid], key)
+            svc, hop = w[sid]
+            w[sid] = (max(svc + (got - mean) * tpot, 0.0), hop)
     return w
 
 
@@ -75,7 +99,34 @@ def longest_path(
 
 
 def task_path(
-    task: TaskView, est: ServiceEstimator, horizon_s: float, waiting: Sequence[str]
+    task: TaskView,
+    est: ServiceEstimator,
+    horizon_s: float,
+    waiting: Sequence[str],
+    samples: int = 0,
+) -> TaskPath:
+    """`_task_path` over expected stage times (LP(E[Z])); with `samples` > 0, the mean of
+    `samples` draws of the stage times (E[LP(Z)], see the module docstring)."""
+    if samples <= 0 or _is_chain(task):
+        return _task_path(task, stage_weights(task, est), horizon_s, waiting)
+    sids = list(task.stages)
+    rng = np.random.default_rng(zlib.crc32(task.id.encode()))
+    quantiles = rng.random((samples, len(sids)))
+    service = hops = 0.0
+    shares = dict.fromkeys(waiting, 0.0)
+    for row in quantiles:
+        draw = dict(zip(sids, row.tolist(), strict=True))
+        p = _task_path(task, stage_weights(task, est, draw), horizon_s, waiting)
+        service += p.service_s
+        hops += p.hops
+        for sid, x in p.delta_share.items():
+            shares[sid] += x
+    n = float(samples)
+    return TaskPath(service / n, hops / n, {sid: x / n for sid, x in shares.items()})
+
+
+def _task_path(
+    task: TaskView, w: dict[str, tuple[float, int]], horizon_s: float, waiting: Sequence[str]
 ) -> TaskPath:
     """L_i and each waiting stage's share of the path reduction from admitting them.
 
@@ -86,7 +137,6 @@ def task_path(
     last branch and none to the others, so a pack could never see the value of starting the
     first ones; the shares sum to the same joint reduction.
     """
-    w = stage_weights(task, est)
     length, service, hops = longest_path(task, w, horizon_s)
     shares: dict[str, float] = {}
     if horizon_s <= 0 or not hops:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from topas_bench.schedulers.base import (
@@ -32,7 +33,7 @@ from topas_bench.schedulers.base import (
 from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
-from topas_bench.schedulers.topas.search import AgentInfo, search
+from topas_bench.schedulers.topas.search import AgentInfo, score_set, search
 from topas_bench.schedulers.topas.standing import Certificate, Pool
 
 
@@ -85,13 +86,18 @@ class Topas(Policy):
             scan=max(self.p.scan_limit, 4 * self.p.max_actions),
             preempt_margin_s=self.p.preempt_margin_s,
             open_agents=frozenset(c.agent for c in ranked if c.agent not in prefixes),
+            running_tasks=frozenset(r.task_id for r in view.running),
         )
         agents = self._agents(view, prefixes, ranked)
-        choice = search(
-            inputs, agents, locked | kept, pool.agent_gain,
-            beta=self.p.beta if self.p.use_reuse else 0.0, joint=self.p.joint,
-            top=self.p.max_agents, must_admit=not view.running,
-        )  # fmt: skip
+        beta = self.p.beta if self.p.use_reuse else 0.0
+        if self.p.pins:
+            choice = search(
+                inputs, agents, locked | kept, pool.agent_gain, beta=beta, joint=self.p.joint,
+                top=self.p.max_agents, must_admit=not view.running, charge=self.p.stall_charge,
+            )  # fmt: skip
+        else:  # no residency choice: one unrestricted pack, nothing pinned
+            only = score_set(inputs, agents, frozenset(), beta, False, self.p.stall_charge)
+            choice = replace(only, visited=(only,))
         pack = choice.pack
         if not pack.admits and not view.running and ranked:
             # Idle, and even the unrestricted pack with no pins found nothing that fits: its
@@ -105,7 +111,8 @@ class Topas(Policy):
             self._credit.pop(v.req.rid, None)
         self._forget(view)
         keep = choice.keep | frozenset(a for a in locked if agents[a].next_users > 0)
-        keep = keep if self.p.use_reuse or self.p.joint else frozenset()
+        pins = self.p.pins and (self.p.use_reuse or self.p.joint)
+        keep = keep if pins else frozenset()
         stands = None
         if pack.admits or pack.preempts or not view.running:
             self.standings["acts" if view.running else "idle"] += 1
@@ -252,7 +259,9 @@ class Topas(Policy):
             for sid, st in task.stages.items()
             if st.state == StageState.WAITING and st.request is not None
         )
-        path = task_path(task, view.estimator, horizon, [sid for _, _, sid in waiting])
+        path = task_path(
+            task, view.estimator, horizon, [sid for _, _, sid in waiting], self.p.path_samples
+        )
         self._path_memo[tid] = (task.version, view.estimator.version, path)
         return path
 
@@ -283,7 +292,8 @@ class Topas(Policy):
     def _agents(
         self, view: EngineView, prefixes: dict[str, PrefixView], ranked: list[Candidate]
     ) -> dict[str, AgentInfo]:
-        """Per agent (seen, or with a candidate): reload cost, residency, n_a, stall count."""
+        """Per agent (seen, or with a candidate): reload cost, residency, n_a (`reuse_users`),
+        the running tasks a move stalls."""
         next_users: Counter[str] = Counter()
         for r in view.running:
             task = view.tasks[r.task_id]
@@ -293,7 +303,9 @@ class Topas(Policy):
                     d == r.stage_id or task.stages[d].state == StageState.DONE for d in child.deps
                 ):
                     next_users[child.agent] += 1
-        stall = len({r.task_id for r in view.running}) if self.p.move_stall else 0
+        if self.p.reuse_users == "all":  # and the requests already queued for the agent
+            next_users.update(r.agent for r in view.waiting)
+        stall = len({r.task_id for r in view.running})
         out = {}
         for a in {*prefixes, *(c.agent for c in ranked)}:
             pv = prefixes.get(a)
@@ -336,7 +348,39 @@ class TopasNoAging(Topas):
 
 
 class TopasNoJoint(Topas):
-    """TOPAS whose resident set does not restrict packing (ablation: the joint choice off)."""
+    """TOPAS whose resident set does not restrict packing (ablation: the joint choice off; R'
+    is still chosen and pinned)."""
 
     name = "topas-no-joint"
     defaults: ClassVar[dict[str, Any]] = {"joint": False}
+
+
+class TopasNoPins(Topas):
+    """TOPAS with no residency choice at all (ablation): no resident set is searched, no prefix
+    is pinned (kept ones are released), and packing is unrestricted."""
+
+    name = "topas-no-pins"
+    defaults: ClassVar[dict[str, Any]] = {"pins": False}
+
+
+class TopasNoMoveStall(Topas):
+    """TOPAS whose swap-in is charged once, to the admitting task, not to every task the move
+    stalls (ablation of the move term's stall)."""
+
+    name = "topas-no-move-stall"
+    defaults: ClassVar[dict[str, Any]] = {"move_charge": "admitted"}
+
+
+class TopasPrevScore(Topas):
+    """TOPAS with the score's move and reuse terms as before issue 21 (ours): a swap-in charged
+    once per prefix, n_a the one-hop users only."""
+
+    name = "topas-prev-score"
+    defaults: ClassVar[dict[str, Any]] = {"move_charge": "admitted", "reuse_users": "next"}
+
+
+class TopasExpectedPath(Topas):
+    """TOPAS with L_i as E[LP(Z)] (16 draws of the stage times) instead of LP(E[Z])."""
+
+    name = "topas-expected-path"
+    defaults: ClassVar[dict[str, Any]] = {"path_samples": 16}

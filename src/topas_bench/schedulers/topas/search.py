@@ -8,11 +8,14 @@ critical path:
     score(R') = sum of admitted gains - J_redo - J_revoke - J_move(R') + V_reuse(R')
 
 - J_move(R') = swap-in + swap-out. Swap-in: every absent prefix an admitted request brings in
-  costs its reload time, charged once per task it delays (the admitted request, and with
-  `move_stall` the running tasks that stall while it is computed). Swap-out: a resident prefix
-  left out of R' whose tokens the pack needs is evicted; its next users (`n_a`, stages of agent a
-  due one hop ahead) each pay its reload.
+  costs its reload time, charged per `move_charge`: "affected" (the paper's) once per task the
+  move stalls, every running task and every task the pack admits (they all wait for the
+  prefill that computes it); "admitted" once (the admitted task's delay); "running" once plus
+  once per running task. Swap-out: a resident prefix left out of R' whose tokens the pack needs
+  is evicted; its users (`n_a`) each pay its reload.
 - V_reuse(R') = beta * sum over a in R' of n_a * reload(a).
+- n_a (`reuse_users`): "next", the paper's, the stages of agent a due one hop ahead (ready once
+  the running stages finish); "all" (ours), those plus agent a's waiting requests.
 - reload(a) is one cost model for both: a host-tier load when a host tier holds evicted
   prefixes, else the prefill time to recompute the prefix.
 
@@ -37,8 +40,8 @@ class AgentInfo:
     reload_s: float  # seconds to bring its prefix onto the GPU if it were absent
     resident: bool  # its prefix is on the GPU now
     tokens: int  # its prefix size
-    next_users: int  # n_a: its stages due one hop ahead
-    stall_tasks: int  # running tasks a recompute of its prefix would stall (with move_stall)
+    next_users: int  # n_a: its users as `reuse_users` counts them
+    stall_tasks: int  # running tasks a recompute of its prefix stalls
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +62,10 @@ def score_set(
     keep: frozenset[str],
     beta: float,
     joint: bool,
+    charge: str = "admitted",
 ) -> Choice:
-    """Pack for resident set `keep` and score it (`joint`: pack only its agents' requests)."""
+    """Pack for resident set `keep` and score it (`joint`: pack only its agents' requests;
+    `charge`: who pays a swap-in, `params.MOVE_CHARGES`)."""
     pack = greedy_pack(inp, keep | inp.locked_agents if joint else None, keep)
     swap_in = 0.0
     brought: set[str] = set()
@@ -68,7 +73,7 @@ def score_set(
         info = agents.get(c.agent)
         if c.absent and info is not None and c.agent not in brought:
             brought.add(c.agent)
-            swap_in += info.reload_s * (1 + info.stall_tasks)
+            swap_in += info.reload_s * _payers(inp, pack, info, charge)
     swap_out = 0.0
     # what the pack uses beyond the budget the unkept resident prefixes do not hold
     unkept = {a: t for a, t in inp.prefix_tokens.items() if a not in keep}
@@ -93,6 +98,15 @@ def score_set(
     return Choice(keep, pack, score)
 
 
+def _payers(inp: PackInputs, pack: Pack, info: AgentInfo, charge: str) -> int:
+    """How many tasks pay a swap-in (`charge`, `params.MOVE_CHARGES`)."""
+    if charge == "admitted":
+        return 1
+    if charge == "running":
+        return 1 + info.stall_tasks
+    return len(inp.running_tasks | {c.req.task_id for c in pack.admits})
+
+
 def search(
     inp: PackInputs,
     agents: dict[str, AgentInfo],
@@ -103,6 +117,7 @@ def search(
     joint: bool,
     top: int,
     must_admit: bool = False,
+    charge: str = "admitted",
 ) -> Choice:
     """The best scored resident set among the bounded candidates around `current`; with
     `must_admit` (an idle server) only sets whose pack admits something count, and if none
@@ -120,7 +135,7 @@ def search(
         keep = keep - inp.locked_agents
         hit = seen.get(keep)
         if hit is None:
-            hit = seen[keep] = score_set(inp, agents, keep, beta, joint)
+            hit = seen[keep] = score_set(inp, agents, keep, beta, joint, charge)
         return hit
 
     base = current - inp.locked_agents
@@ -149,6 +164,6 @@ def search(
     if must_admit and not best.pack.admits:
         # An idle server whose every set admits nothing (say, only absent prefixes wait and
         # none is in a set yet): the same pack, unrestricted, with every pin released.
-        loose = score_set(inp, agents, frozenset(), beta, joint=False)
+        loose = score_set(inp, agents, frozenset(), beta, joint=False, charge=charge)
         best = loose if loose.pack.admits else best
     return replace(best, visited=tuple(seen.values()), comparisons=tuple(compared))

@@ -274,7 +274,8 @@ class Certificate:
         paid = member | locked | kept
         self.offsets = self.deltas[:, None] - np.where(paid, prefix[None, :], 0.0)
         allowed = member | locked
-        self.walks = allowed | ~shared[None, :] if self.p.joint else np.ones_like(allowed)
+        joint = self.p.joint and self.p.pins  # no pins: one unrestricted pack
+        self.walks = allowed | ~shared[None, :] if joint else np.ones_like(allowed)
         #: the most reuse value a set's score can hold, whatever its pack brings in
         self.reuse_max = beta * (allowed @ value) * (1.0 + EPS)
         #: the least a request of each agent can cost a set's pack, over `offsets`: its
