@@ -91,7 +91,7 @@ def score_set(
             swap_out += agents[a].next_users * agents[a].reload_s
     reuse = beta * sum(
         agents[a].next_users * agents[a].reload_s
-        for a in keep | inp.locked_agents
+        for a in sorted(keep | inp.locked_agents)  # a fixed order: float sums, hash seeds
         if a in agents and (agents[a].resident or a in brought)
     )
     score = pack.gain - pack.lost - swap_in - swap_out + reuse
@@ -146,9 +146,9 @@ def search(
     best = score(base)
     for a in options:
         best = _better(best, score(base | {a}) if a not in base else score(base - {a}))
-    for a in [x for x in base if x not in options]:
+    for a in sorted(x for x in base if x not in options):
         best = _better(best, score(base - {a}))
-    for a in base:
+    for a in sorted(base):  # sets iterate in hash order, which PYTHONHASHSEED changes
         for b in options:
             if b not in base:
                 best = _better(best, score((base - {a}) | {b}))
