@@ -1,7 +1,7 @@
 """Command-line options several commands take, declared once (typer `Annotated` aliases).
 
-`run` and `tune` take one value of a setting, `sweep` a comma-separated list (its own aliases,
-in `cli_run`); the flags, their help and their checks are the same wherever they appear.
+They are `run`'s; `sweep` (a comma-separated list of most settings) and `tune` declare their own
+where their help has always said it differently, so that every command's help reads as it did.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ Workload = Annotated[
 Schedulers = Annotated[str | None, typer.Option("--scheduler", "-s", help=SCHEDULER_HELP)]
 Tasks = Annotated[
     int | None,
-    typer.Option("--tasks", "-n", help="Tasks per run (default: 200; a trace file: all of its)."),
+    typer.Option("--tasks", "-n", help="Number of tasks (default: 200; a file: all of its)."),
 ]
 Rate = Annotated[
     float | None, typer.Option(help="Poisson arrival rate, tasks/s (default: the workload's).")
@@ -51,10 +51,10 @@ KvBudget = Annotated[
     ),
 ]
 LengthHint = Annotated[
-    str | None, typer.Option(help="`none`, or `oracle` to show policies true output lengths.")
+    str, typer.Option(help="`none`, or `oracle` to show policies true output lengths.")
 ]
 HostTierTokens = Annotated[
-    int | None, typer.Option(help="Host-memory KV tier capacity in tokens (0 = off).")
+    int, typer.Option(help="Host-memory KV tier capacity in tokens (0 = off).")
 ]
 WorkloadParams = Annotated[
     list[str] | None,

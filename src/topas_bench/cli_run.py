@@ -173,7 +173,15 @@ def sweep(
     workload: Annotated[
         str | None, typer.Option("--workload", "-w", help="Workloads, comma-separated.")
     ] = None,
-    scheduler: Schedulers = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            "--scheduler",
+            "-s",
+            help="`paper`, `peers`, `all`, `baselines`, `sglang`, `ablations`, `everything`, "
+            "or a,b,c (default: all).",
+        ),
+    ] = None,
     load: Annotated[
         str | None, typer.Option(help="Loads (x measured capacity), comma-separated.")
     ] = None,
@@ -188,14 +196,17 @@ def sweep(
             "--kv-budget", help="KV budgets in tokens, comma-separated; `derived` = the preset's."
         ),
     ] = None,
-    tasks: Tasks = None,
-    length_hint: LengthHint = None,
-    host_tier_tokens: HostTierTokens = None,
+    tasks: Annotated[int | None, typer.Option("--tasks", "-n", help="Tasks per run.")] = None,
+    length_hint: Annotated[str | None, typer.Option(help="`none` or `oracle`.")] = None,
+    host_tier_tokens: Annotated[int | None, typer.Option(help="Host KV tier, tokens.")] = None,
     workload_param: Annotated[
         list[str] | None,
         typer.Option("--workload-param", help="workload.key=value (repeatable)."),
     ] = None,
-    scheduler_param: SchedulerParams = None,
+    scheduler_param: Annotated[
+        list[str] | None,
+        typer.Option("--scheduler-param", help="scheduler.key=value (repeatable)."),
+    ] = None,
     replicas: Annotated[
         str | None,
         typer.Option(help="Replica counts of simulated clusters, comma-separated (1,2,4,8)."),
@@ -298,10 +309,16 @@ def tune(
     seeds: Annotated[
         str, typer.Option(help="Tuning seeds (disjoint from evaluation seeds 0-4).")
     ] = "101,102,103",
-    load: Load = None,
-    rate: Rate = None,
-    preset: Preset = "a100-qwen32b",
-    kv_budget: KvBudget = None,
+    load: Annotated[float | None, typer.Option(help="Load as a fraction of capacity.")] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="Arrival rate, tasks/s (default: the workload's).")
+    ] = None,
+    preset: Annotated[
+        str, typer.Option(help="Preset: a name or a preset .toml file.")
+    ] = "a100-qwen32b",
+    kv_budget: Annotated[
+        int | None, typer.Option("--kv-budget", help="KV budget in tokens.")
+    ] = None,
     param: Annotated[
         list[str] | None,
         typer.Option(
