@@ -9,11 +9,18 @@ Any other failure (an undeclared package such as the `click` that typer 0.29 sto
 in, a package declared in no extra, or any other error) is reported and the exit code is 1.
 With `--base` the interpreter is expected to hold the base install only (`.ci/run` builds such
 a venv), and the console entry point `topas_bench.cli` must import.
+
+    python scripts/check_imports.py --block-extras
+
+simulates a base install inside a full one (the tests run it): every package that only an extra
+declares is made unimportable first, so a base dependency that needs an extra's package at
+import (pandas' Styler needs Jinja2) shows up too.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import re
 import sys
 import tomllib
@@ -50,10 +57,33 @@ def modules() -> list[str]:
     return out
 
 
+class _Blocked(importlib.abc.MetaPathFinder):
+    """Makes the given top-level packages unimportable, as in an install without them."""
+
+    def __init__(self, tops: set[str]) -> None:
+        self.tops = tops
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname.split(".")[0] in self.tops:
+            raise ModuleNotFoundError(f"No module named {fullname!r} (blocked)", name=fullname)
+        return None
+
+
+def extra_only_modules(base: set[str], extras: dict[str, set[str]]) -> set[str]:
+    """Top-level import names of installed packages that only extras declare."""
+    only = set().union(*extras.values()) - base
+    return {top for top, ds in packages_distributions().items() if {_norm(d) for d in ds} & only}
+
+
 def main(argv: list[str]) -> int:
-    base_only = "--base" in argv
+    base_only = "--base" in argv or "--block-extras" in argv
     base, extras = declared()
     dists = packages_distributions()
+    if "--block-extras" in argv:
+        blocked = extra_only_modules(base, extras)
+        for mod in [m for m in sys.modules if m.split(".")[0] in blocked]:
+            del sys.modules[mod]
+        sys.meta_path.insert(0, _Blocked(blocked))
     optional: dict[str, int] = {}
     problems: list[str] = []
     for name in modules():

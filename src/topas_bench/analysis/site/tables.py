@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from pandas.io.formats.style import Styler
 
 from topas_bench.analysis.figures import main_groups
 from topas_bench.analysis.plotting import common_setting, engine_of
@@ -26,6 +25,10 @@ def html(table: pd.DataFrame, name: str) -> str:
         marks.loc[table["scheduler"] == "topas", :] = "topas"
     for col, verdicts in table.attrs.get("verdicts", {}).items():
         marks[col] = (marks[col] + " " + pd.Series(verdicts, index=table.index)).str.strip()
+    # pandas' Styler needs Jinja2 (the figures extra) at import: import it here so that a
+    # base install can import this module (scripts/check_imports.py --base)
+    from pandas.io.formats.style import Styler
+
     styler = Styler(table, cell_ids=False, uuid=name).format(escape="html")
     return str(styler.hide(axis="index").set_td_classes(marks).to_html())
 
