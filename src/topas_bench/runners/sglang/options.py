@@ -66,7 +66,7 @@ class SglangOptions:
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any]) -> SglangOptions:
-        """The options of `run`'s engine flags (`spec.ENGINE_FLAGS`, by flag name)."""
+        """The options of `run`'s engine flags (by flag name, `runners.engines.engine_options`)."""
         if flags.get("--length-hint", "none") != "none" or flags.get("--host-tier-tokens"):
             raise TopasError(
                 "--length-hint and --host-tier-tokens are simulator settings; a real server has "

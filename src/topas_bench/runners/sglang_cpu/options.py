@@ -22,7 +22,7 @@ class ReferenceOptions:
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any]) -> ReferenceOptions:
-        """The options of `run`'s engine flags (`spec.ENGINE_FLAGS`, by flag name)."""
+        """The options of `run`'s engine flags (by flag name, `runners.engines.engine_options`)."""
         refuse_sglang_flags(flags, cls.engine)
         if flags.get("--host-tier-tokens"):
             raise TopasError(

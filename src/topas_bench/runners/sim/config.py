@@ -139,7 +139,7 @@ class SimOptions:
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any]) -> SimOptions:
-        """The options of `run`'s engine flags (`spec.ENGINE_FLAGS`, by flag name)."""
+        """The options of `run`'s engine flags (by flag name, `runners.engines.engine_options`)."""
         refuse_sglang_flags(flags, cls.engine)
         return cls(flags.get("--length-hint", "none"), flags.get("--host-tier-tokens", 0))
 
