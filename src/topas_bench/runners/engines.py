@@ -16,7 +16,7 @@ from typing import Any, cast
 from topas_bench.errors import TopasError
 from topas_bench.plan import Server
 from topas_bench.registry import Registry
-from topas_bench.runners.sglang.options import SglangOptions
+from topas_bench.runners.sglang.options import SglangOptions, refuse_sglang_flags
 from topas_bench.runners.sglang_cpu.options import ReferenceOptions
 from topas_bench.runners.sim.config import SimOptions
 from topas_bench.spec import EngineOptions
@@ -62,4 +62,7 @@ def engine_options(name: str, flags: Mapping[str, Any]) -> EngineOptions:
     hint = flags.get("--length-hint") or "none"
     if hint not in ("none", "oracle"):
         raise TopasError(f"--length-hint must be `none` or `oracle`, got {hint!r}")
-    return engine.options.from_flags({k: v for k, v in flags.items() if v is not None})
+    given = {k: v for k, v in flags.items() if v is not None}
+    if engine.options is not SglangOptions:
+        refuse_sglang_flags(given, engine.name)
+    return engine.options.from_flags(given)

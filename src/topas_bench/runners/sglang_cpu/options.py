@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from topas_bench.errors import TopasError
-from topas_bench.runners.sglang.options import refuse_sglang_flags
 from topas_bench.runners.sim.config import SimConfig, sim_engine_params
 
 
@@ -22,8 +21,8 @@ class ReferenceOptions:
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any]) -> ReferenceOptions:
-        """The options of `run`'s engine flags (by flag name, `runners.engines.engine_options`)."""
-        refuse_sglang_flags(flags, cls.engine)
+        """The options of `run`'s engine flags (by flag name, `runners.engines.engine_options`,
+        which has refused the real server's)."""
         if flags.get("--host-tier-tokens"):
             raise TopasError(
                 "--host-tier-tokens is a simulator setting; the sglang-cpu reference runs SGLang "

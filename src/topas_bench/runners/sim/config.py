@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from topas_bench.errors import TopasError
-from topas_bench.runners.sglang.options import refuse_sglang_flags
 from topas_bench.workloads.model import Stage, Workload
 from topas_bench.workloads.trace_parse import MAX_TOKENS
 
@@ -139,8 +138,8 @@ class SimOptions:
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any]) -> SimOptions:
-        """The options of `run`'s engine flags (by flag name, `runners.engines.engine_options`)."""
-        refuse_sglang_flags(flags, cls.engine)
+        """The options of `run`'s engine flags (by flag name, `runners.engines.engine_options`,
+        which has refused the real server's)."""
         return cls(flags.get("--length-hint", "none"), flags.get("--host-tier-tokens", 0))
 
     def check_spec(self, schedulers: tuple[str, ...], cluster: object) -> None:
