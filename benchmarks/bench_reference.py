@@ -18,8 +18,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from topas_bench.experiment import parse_schedulers, plan_run, run_cell
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cell
 from topas_bench.results import read_meta
+from topas_bench.runners.sglang_cpu.options import ReferenceOptions
+from topas_bench.spec import RunSpec, parse_schedulers
 
 
 def main() -> None:
@@ -32,16 +35,21 @@ def main() -> None:
     args = ap.parse_args()
 
     out = Path(tempfile.mkdtemp(prefix="bench-reference-"))
-    plan = plan_run(
+    spec = RunSpec(
         workload=args.workload, schedulers=parse_schedulers(args.schedulers),
         num_tasks=args.tasks, seed=args.seed, out=out,
     )  # fmt: skip
+    plans = {
+        "sim": plan_run(spec),
+        "sglang-cpu": plan_run(replace(spec, engine=ReferenceOptions())),
+    }
+    plan = plans["sim"]
     rows = []
     for name in plan.schedulers:
         cells = {}
         for engine in ("sim", "sglang-cpu"):
             t0 = time.perf_counter()
-            cell = run_cell(replace(plan, engine=engine), name, force=True)
+            cell = run_cell(plans[engine], name, force=True)
             wall = time.perf_counter() - t0
             iterations = read_meta(cell.run_dir)["counters"]["iterations"]
             cells[engine] = {

@@ -13,7 +13,7 @@ from typer.testing import CliRunner, Result
 
 from test_metagpt_import import unwritable_dir
 from topas_bench.cli import app
-from topas_bench.experiment import GROUPS, measure_capacity
+from topas_bench.experiment import measure_capacity
 from topas_bench.results import TABLES, RunIdentity
 from topas_bench.runners.engines import engine_version
 from topas_bench.runners.sim.cost import load_preset, preset_names
@@ -24,6 +24,7 @@ from topas_bench.schedulers.registry import (
     SCHEDULERS,
     SGLANG_STOCK,
 )
+from topas_bench.spec import GROUPS
 from topas_bench.workloads.registry import WORKLOADS, generate
 from topas_bench.workloads.trace import load_workload
 
@@ -559,7 +560,7 @@ def test_every_command_has_help_with_an_example(command: tuple[str, ...]) -> Non
     ],
 )
 def test_scheduler_groups(spec: str, expected: tuple[str, ...]) -> None:
-    from topas_bench.experiment import parse_schedulers
+    from topas_bench.spec import parse_schedulers
 
     assert parse_schedulers(spec) == expected
 

@@ -15,13 +15,17 @@ from typer.testing import CliRunner
 
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
-from topas_bench.experiment import plan_run, run_cell
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cell
+from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.cluster.routers import ROUTERS, Cluster, Route, Router, make_router
 from topas_bench.runners.cluster.sim import ClusterResult, ClusterSim
+from topas_bench.runners.sglang_cpu.options import ReferenceOptions
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimulationError, Simulator
 from topas_bench.schedulers.registry import SCHEDULERS, make_policy
+from topas_bench.spec import RunSpec
 from topas_bench.workloads.model import Workload
 from topas_bench.workloads.registry import generate
 
@@ -153,11 +157,18 @@ def test_oracle_lengths_reach_every_replica() -> None:
 
 
 # -- cells --------------------------------------------------------------------------------------
+def _spec(**kw: Any) -> RunSpec:
+    """A run spec of `kw`, with `replicas`, `router` and `router_params` as the CLI takes them."""
+    flags = [kw.pop(k, None) for k in ("replicas", "router", "router_params")]
+    cluster = ClusterConfig.from_flags(flags[0], flags[1], flags[2] or {})
+    return RunSpec(**kw, cluster=cluster)
+
+
 def _plan(tmp_path: Path, **kw: Any) -> Any:
     base: dict[str, Any] = dict(
         workload="metagpt-tl", schedulers=("fcfs",), num_tasks=30, seed=0, out=tmp_path
     )
-    return plan_run(**(base | kw))
+    return plan_run(_spec(**(base | kw)))
 
 
 def test_cell_files_and_identity(tmp_path: Path) -> None:
@@ -194,20 +205,20 @@ def test_cell_files_and_identity(tmp_path: Path) -> None:
 
 def test_bad_cluster_input() -> None:
     with pytest.raises(TopasError, match="unknown router 'nope'"):
-        plan_run(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=2, router="nope")
+        _spec(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=2, router="nope")
     with pytest.raises(TopasError, match="need --replicas"):
-        plan_run(workload="dag4", schedulers=("fcfs",), num_tasks=5, router="round-robin")
+        _spec(workload="dag4", schedulers=("fcfs",), num_tasks=5, router="round-robin")
     with pytest.raises(TopasError, match="positive integer"):
-        plan_run(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=0)
+        _spec(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=0)
     with pytest.raises(TopasError, match="unknown parameter 'x'; valid: cache_threshold"):
-        plan_run(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=2,
-                 router_params={"x": 1})  # fmt: skip
+        _spec(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=2,
+              router_params={"x": 1})  # fmt: skip
     with pytest.raises(TopasError, match="cache_threshold must be a number"):
-        plan_run(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=2,
-                 router_params={"cache_threshold": "high"})  # fmt: skip
+        _spec(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=2,
+              router_params={"cache_threshold": "high"})  # fmt: skip
     with pytest.raises(TopasError, match="sglang-cpu runs one server"):
-        plan_run(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=2,
-                 engine="sglang-cpu")  # fmt: skip
+        _spec(workload="dag4", schedulers=("fcfs",), num_tasks=5, replicas=2,
+              engine=ReferenceOptions())  # fmt: skip
 
 
 def test_cli_run_cluster(tmp_path: Path) -> None:

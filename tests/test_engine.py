@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from topas_bench.experiment import check_fits
-from topas_bench.runners.sim.config import SimConfig
+from topas_bench.runners.sim.config import SimConfig, check_fits
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimResult, SimulationError, Simulator, Step
 from topas_bench.schedulers.base import Decision, EngineView, Policy

@@ -14,11 +14,14 @@ import pytest
 
 from fuzz_targets import invoke
 from topas_bench import unloaded
-from topas_bench.experiment import plan_run, run_cell
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cell
 from topas_bench.invariants import InvariantError, check_cell, cost_floor, jct_floors, no_floor
 from topas_bench.results import read_table
+from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset, preset_names
+from topas_bench.spec import RunSpec
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload
 
 
@@ -64,7 +67,7 @@ def test_jct_floor_is_the_longest_path_of_delays_and_least_call_times() -> None:
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, pd.DataFrame], Any]:
     out = tmp_path_factory.mktemp("runs")
-    plan = plan_run(workload="dag4", schedulers=["fcfs"], num_tasks=6, seed=1, out=out)
+    plan = plan_run(RunSpec(workload="dag4", schedulers=("fcfs",), num_tasks=6, seed=1, out=out))
     run_dir = run_cell(plan, "fcfs").run_dir
     tables = {name: read_table(run_dir, name) for name in ("tasks", "requests")}
     floors = jct_floors(plan.workload, cost_floor(CostModel(plan.preset)))
@@ -152,10 +155,10 @@ def test_the_issue_s_inputs_are_refused_in_one_line(tmp_path: Path) -> None:
 
 def test_a_cluster_and_a_prefetching_policy_may_beat_the_unloaded_jct(tmp_path: Path) -> None:
     """Why the unloaded JCT is not the floor: both cells are valid results."""
-    plan = plan_run(
-        workload="dag10-wide", schedulers=["fcfs"], num_tasks=8, seed=1, load=0.2, out=tmp_path,
-        replicas=4, router="round-robin",
-    )  # fmt: skip
+    plan = plan_run(RunSpec(
+        workload="dag10-wide", schedulers=("fcfs",), num_tasks=8, seed=1, load=0.2, out=tmp_path,
+        cluster=ClusterConfig(4, "round-robin"),
+    ))  # fmt: skip
     tasks = read_table(run_cell(plan, "fcfs").run_dir, "tasks")
     assert (tasks["jct_s"] < tasks["unloaded_jct_s"]).any()
 

@@ -31,6 +31,7 @@ from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
 from topas_bench.schedulers.base import EngineView, RequestView
 from topas_bench.schedulers.registry import make_policy
+from topas_bench.spec import RunSpec
 from topas_bench.workloads import lengths
 from topas_bench.workloads.metagpt_import import import_trace
 from topas_bench.workloads.model import Workload
@@ -128,8 +129,8 @@ def test_trace_import_cli_flags(tmp_path: Path) -> None:
 # -- identity and report ---------------------------------------------------------------------------
 def test_identity_names_the_setting_unless_legacy(tmp_path: Path) -> None:
     def ident(name: str, **params: Any) -> dict[str, Any]:
-        plan = plan_run(workload=name, schedulers=["fcfs"], num_tasks=2, workload_params=params,
-                        out=tmp_path)  # fmt: skip
+        plan = plan_run(RunSpec(workload=name, schedulers=("fcfs",), num_tasks=2,
+                                workload_params=params, out=tmp_path))  # fmt: skip
         got = dict(plan.identity("fcfs").workload_params)
         # the sweep's capacity key (the same function, without generating) agrees
         assert got == identity_params(plan.workload_name, plan.workload_params)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from topas_bench.errors import TopasError
-from topas_bench.experiment import check_fits
+from topas_bench.runners.sim.config import check_fits
 from topas_bench.workloads.metagpt_sop_full import SopFullParams
 from topas_bench.workloads.metagpt_tl_full import TlFullParams
 from topas_bench.workloads.model import Segment, Stage, Task, Workload, agent_key, output_key

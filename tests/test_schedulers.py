@@ -13,7 +13,8 @@ import pytest
 
 from fakes import FakeRequest, FakeStage
 from topas_bench.errors import TopasError, UnknownNameError
-from topas_bench.experiment import plan_run, run_cell
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cell
 from topas_bench.results import TABLES, read_meta, read_table
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimulationError
@@ -30,6 +31,7 @@ from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy
 from topas_bench.schedulers.spf import SPF, expected_remaining_s
+from topas_bench.spec import RunSpec
 from topas_bench.workloads.model import Segment
 from topas_bench.workloads.registry import WORKLOADS
 
@@ -449,14 +451,16 @@ SGLANG_CRASHES = {("shortest-prefill-first", "metagpt-tl-full"): 0.0012}
 @pytest.mark.parametrize("scheduler", SCHEDULERS.names())
 def test_every_scheduler_runs_every_workload(scheduler: str, workload: str, tmp_path: Path) -> None:
     params = {"file": EXAMPLE} if workload == "trace" else {}
-    plan = plan_run(workload=workload, schedulers=[scheduler], num_tasks=SAMPLE_TASKS,
-                    out=tmp_path, workload_params=params)  # fmt: skip
+    plan = plan_run(RunSpec(workload=workload, schedulers=(scheduler,), num_tasks=SAMPLE_TASKS,
+                            out=tmp_path, workload_params=params))  # fmt: skip
     # Re-derive the memory accounting after every event: a policy must not break it.
     plan = replace(plan, sim=replace(plan.sim, check_invariants=True))
     if (scheduler, workload) in SGLANG_CRASHES:
-        exact = plan_run(workload=workload, schedulers=[scheduler], num_tasks=SAMPLE_TASKS,
-                         rate_per_s=SGLANG_CRASHES[scheduler, workload], out=tmp_path / "exact",
-                         workload_params={"max_tokens": "exact"})  # fmt: skip
+        exact = plan_run(RunSpec(
+            workload=workload, schedulers=(scheduler,), num_tasks=SAMPLE_TASKS,
+            rate_per_s=SGLANG_CRASHES[scheduler, workload], out=tmp_path / "exact",
+            workload_params={"max_tokens": "exact"},
+        ))  # fmt: skip
         exact = replace(exact, sim=replace(exact.sim, check_invariants=True))
         with pytest.raises(SimulationError, match=r"out of KV memory allocating 2056 tokens \(82"):
             run_cell(exact, scheduler)

@@ -14,8 +14,10 @@ from typer.testing import CliRunner
 from topas_bench import sizing
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
-from topas_bench.experiment import plan_run, run_cell
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cell
 from topas_bench.sizing import Estimate, Probe, estimate_run, estimate_sweep, probe
+from topas_bench.spec import RunSpec
 
 
 def invoke(*args: str | Path) -> Any:
@@ -72,7 +74,8 @@ def test_the_estimate_tracks_what_a_run_allocates(
     est = estimate_run(probe(workload, {}, None, 0, ("fcfs",), "a100-qwen32b", None), tasks)
     tracemalloc.start()
     try:
-        plan = plan_run(workload=workload, schedulers=("fcfs",), num_tasks=tasks, out=tmp_path)
+        spec = RunSpec(workload=workload, schedulers=("fcfs",), num_tasks=tasks, out=tmp_path)
+        plan = plan_run(spec)
         run_cell(plan, "fcfs")
         _, peak = tracemalloc.get_traced_memory()
     finally:

@@ -47,9 +47,9 @@ def test_toml_with_several_sweeps(tmp_path: Path) -> None:
     )  # fmt: skip
     (a, _), (b, _) = load_specs(read_toml(path), {}, str(path))
     assert a.workloads == ("chain3", "dag4") and a.loads == (0.8,) and a.num_tasks == 10
-    assert len(a.groups()) == 2 * 2 and a.scheduler_params == {"topas": {"beta": 0.2}}
+    assert len(a.runs(tmp_path)) == 2 * 2 and a.scheduler_params == {"topas": {"beta": 0.2}}
     assert b.schedulers == ("fcfs", "lpm", "spf", "parrot", "autellix", "topas")
-    assert b.kv_budgets == (None, 40000) and len(b.groups()) == 2 * 2 * 2
+    assert b.kv_budgets == (None, 40000) and len(b.runs(tmp_path)) == 2 * 2 * 2
     # flags override every entry; a --load flag replaces the file's rates
     (c, _), (d, _) = load_specs(read_toml(path), {"loads": [0.5], "tasks": 3}, str(path))
     assert c.loads == d.loads == (0.5,) and d.rates == () and d.num_tasks == 3

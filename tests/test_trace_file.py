@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 from fuzz_targets import workload_files
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
-from topas_bench.experiment import plan_run, run_cell
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cell
 from topas_bench.results import read_table
+from topas_bench.spec import RunSpec
 from topas_bench.sweep import SweepSpec, run_sweep
 from topas_bench.workloads.metagpt_import import for_task
 from topas_bench.workloads.model import Task, Workload
@@ -117,8 +119,8 @@ def test_run_cli_takes_a_file(tmp_path: Path) -> None:
 
 
 def test_a_file_with_load_measures_its_capacity(tmp_path: Path) -> None:
-    plan = plan_run(workload=str(EXAMPLE), schedulers=["fcfs"], num_tasks=6, load=0.8,
-                    out=tmp_path)  # fmt: skip
+    plan = plan_run(RunSpec(workload=str(EXAMPLE), schedulers=("fcfs",), num_tasks=6, load=0.8,
+                            out=tmp_path))  # fmt: skip
     assert plan.capacity_tps is not None and plan.rate_per_s == pytest.approx(
         0.8 * plan.capacity_tps
     )

@@ -1,212 +1,26 @@
-"""`topas-bench sweep | report | figures | compare`: thin commands over `topas_bench.sweep` and
-`topas_bench.analysis` (registered on the main app by `register`)."""
+"""`topas-bench report | figures | compare`: thin commands over `topas_bench.analysis`
+(registered on the main app by `register`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from topas_bench.cli_common import (
     check_out_dir,
     err,
     handles_errors,
     out,
-    parse_assignments,
-    parse_scheduler_params,
 )
 from topas_bench.errors import TopasError
-from topas_bench.sweep import Progress as SweepProgress
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(sweep)
     app.command()(report)
     app.command()(figures)
     app.command()(compare)
-
-
-class _Bar(SweepProgress):
-    """A rich progress bar with an ETA per phase (capacity measurement, cells)."""
-
-    def __init__(self, progress: Progress) -> None:
-        self._p = progress
-        self._bars: dict[str, TaskID] = {}
-
-    def phase(self, name: str, total: int) -> None:
-        self._bars[name] = self._p.add_task(name, total=total, last="")
-
-    def advance(self, name: str, label: str) -> None:
-        self._p.update(self._bars[name], advance=1, last=label)
-
-    def note(self, text: str) -> None:
-        self._p.console.print(text, markup=False)
-
-
-@handles_errors
-def sweep(
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Sweep file (TOML); flags override it.")
-    ] = None,
-    workload: Annotated[
-        str | None, typer.Option("--workload", "-w", help="Workloads, comma-separated.")
-    ] = None,
-    scheduler: Annotated[
-        str | None,
-        typer.Option(
-            "--scheduler",
-            "-s",
-            help="`paper`, `peers`, `all`, `baselines`, `sglang`, `ablations`, `everything`, "
-            "or a,b,c (default: all).",
-        ),
-    ] = None,
-    load: Annotated[
-        str | None, typer.Option(help="Loads (x measured capacity), comma-separated.")
-    ] = None,
-    rate: Annotated[str | None, typer.Option(help="Rates (tasks/s), comma-separated.")] = None,
-    seeds: Annotated[str | None, typer.Option(help="Seeds: 0,1,2 or 0-2 (default: 0).")] = None,
-    preset: Annotated[
-        str | None, typer.Option(help="Presets (names or .toml files), comma-separated.")
-    ] = None,
-    kv_budget: Annotated[
-        str | None,
-        typer.Option(
-            "--kv-budget", help="KV budgets in tokens, comma-separated; `derived` = the preset's."
-        ),
-    ] = None,
-    tasks: Annotated[int | None, typer.Option("--tasks", "-n", help="Tasks per run.")] = None,
-    length_hint: Annotated[str | None, typer.Option(help="`none` or `oracle`.")] = None,
-    host_tier_tokens: Annotated[int | None, typer.Option(help="Host KV tier, tokens.")] = None,
-    workload_param: Annotated[
-        list[str] | None,
-        typer.Option("--workload-param", help="workload.key=value (repeatable)."),
-    ] = None,
-    scheduler_param: Annotated[
-        list[str] | None,
-        typer.Option("--scheduler-param", help="scheduler.key=value (repeatable)."),
-    ] = None,
-    replicas: Annotated[
-        str | None,
-        typer.Option(help="Replica counts of simulated clusters, comma-separated (1,2,4,8)."),
-    ] = None,
-    router: Annotated[
-        str | None,
-        typer.Option(
-            "--router", help="Routers of the clusters, comma-separated (docs/cluster.md)."
-        ),
-    ] = None,
-    out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Results directory (default: runs).")
-    ] = None,
-    jobs: Annotated[
-        int | None, typer.Option("--jobs", "-j", help="Local worker processes (default: cores).")
-    ] = None,
-    executor: Annotated[str, typer.Option(help="`local` processes or `ray` tasks.")] = "local",
-    address: Annotated[
-        str | None, typer.Option(help="Ray cluster address (with --executor ray).")
-    ] = None,
-    force: Annotated[
-        bool, typer.Option(help="Re-run finished cells; re-measure capacity.")
-    ] = False,
-    compact: Annotated[
-        bool, typer.Option(help="Store tables losslessly smaller (zstd), e.g. to commit them.")
-    ] = False,
-    allow_large: Annotated[
-        bool,
-        typer.Option(help="Run even if the estimated memory exceeds half of this machine's RAM."),
-    ] = False,
-) -> None:
-    """Run schedulers x workloads x loads (or rates) x seeds x presets x KV budgets (x replicas
-    x routers for simulated clusters).
-
-    Every scheduler of a (workload, load, seed, preset, budget) group runs on the same workload
-    sample. Results go to OUT/<workload>/<scheduler>/<cell>/; finished cells are skipped unless
-    --force, so a killed sweep resumes where it stopped.
-
-    Examples:
-      topas-bench sweep -w chain3,dag4 -s all --load 0.6,0.8 --seeds 0-2 -n 100 --out runs/s1
-      topas-bench sweep --config results/reference.toml --out results/reference
-      topas-bench sweep -c sweep.toml --executor ray --address 127.0.0.1:6379
-      topas-bench sweep -w metagpt-tl -s fcfs,topas --replicas 1,2,4 --router cache-aware -n 100
-    """
-    from topas_bench.sweep import load_specs, parse_list, read_toml, run_sweep
-
-    source = str(config) if config else "flags"
-    doc = read_toml(config) if config else {}
-    flags: dict[str, Any] = {
-        "workloads": workload.split(",") if workload else None,
-        "schedulers": scheduler,
-        "loads": parse_list(load, "--load", float) if load else None,
-        "rates": parse_list(rate, "--rate", float) if rate else None,
-        "seeds": parse_list(seeds, "--seeds", int) if seeds else None,
-        "presets": preset.split(",") if preset else None,
-        "kv_budgets": _budgets(kv_budget) if kv_budget else None,
-        "tasks": tasks,
-        "length_hint": length_hint,
-        "host_tier_tokens": host_tier_tokens,
-        "workload_params": _by_name(workload_param, "--workload-param"),
-        "scheduler_params": parse_scheduler_params(scheduler_param) if scheduler_param else None,
-        "replicas": parse_list(replicas, "--replicas", int) if replicas else None,
-        "routers": router.split(",") if router else None,
-    }
-    specs = load_specs(doc, flags, source)
-    outs = {o for _, o in specs if o is not None}
-    if len(outs) > 1:
-        raise TopasError(f"{source}: the sweeps name different `out` directories")
-    target = check_out_dir(out_dir or (Path(outs.pop()) if outs else Path("runs")))
-    with Progress(
-        TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        TextColumn("{task.fields[last]}"), console=err,
-    ) as progress:  # fmt: skip
-        workers = jobs if jobs is not None else os.cpu_count() or 1
-        result = run_sweep(
-            [s for s, _ in specs], target, jobs=workers, executor=executor,
-            address=address, force=force, compact=compact, progress=_Bar(progress),
-            allow_large=allow_large,
-        )  # fmt: skip
-    ran = len(result.ran) - len(result.failed)
-    out.print(
-        f"sweep {target}: {result.cells} cells: {ran} ran, {result.skipped} already finished, "
-        f"{len(result.failed)} failed"
-    )
-    for path, why in result.redone:
-        err.print(f"redone: {path.relative_to(target)}: {why}", markup=False)
-    for c in result.failed:
-        err.print(f"failed: {c.workload}/{c.scheduler} seed {c.seed}: {c.error}", markup=False)
-    if result.failed:
-        raise typer.Exit(1)
-    out.print(f"next: topas-bench report {target}")
-
-
-def _budgets(text: str) -> list[Any]:
-    from topas_bench.sweep import parse_list
-
-    parts = [p.strip() for p in text.split(",")]
-    return ["derived" if p == "derived" else parse_list(p, "--kv-budget", int)[0] for p in parts]
-
-
-def _by_name(items: list[str] | None, flag: str) -> dict[str, dict[str, Any]] | None:
-    if not items:
-        return None
-    grouped: dict[str, dict[str, Any]] = {}
-    for key, value in parse_assignments(items, flag).items():
-        name, dot, param = key.partition(".")
-        if not dot or not param:
-            raise TopasError(f"{flag} expects name.key=value, got {key!r}")
-        grouped.setdefault(name, {})[param] = value
-    return grouped
 
 
 SkipBad = Annotated[

@@ -153,12 +153,17 @@ def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
     return result
 
 
-def parse_scheduler_params(items: list[str]) -> dict[str, dict[str, Any]]:
-    """`name.key=value` pairs, grouped by scheduler name."""
+def parse_by_name(items: list[str], flag: str, what: str) -> dict[str, dict[str, Any]]:
+    """`name.key=value` pairs, grouped by name (`what` names it in the error)."""
     grouped: dict[str, dict[str, Any]] = {}
-    for key, value in parse_assignments(items, "--scheduler-param").items():
+    for key, value in parse_assignments(items, flag).items():
         name, dot, param = key.partition(".")
         if not dot or not param:
-            raise TopasError(f"--scheduler-param expects scheduler.key=value, got {key!r}")
+            raise TopasError(f"{flag} expects {what}.key=value, got {key!r}")
         grouped.setdefault(name, {})[param] = value
     return grouped
+
+
+def parse_scheduler_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`scheduler.key=value` pairs, grouped by scheduler name."""
+    return parse_by_name(items, "--scheduler-param", "scheduler")

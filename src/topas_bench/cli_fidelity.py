@@ -59,8 +59,8 @@ def fidelity(
       topas-bench fidelity
       topas-bench fidelity -w metagpt-tl -s fcfs,topas -n 100 --seeds 0,1
     """
-    from topas_bench.experiment import parse_schedulers
     from topas_bench.fidelity import as_json, markdown, run_fidelity
+    from topas_bench.spec import parse_schedulers
     from topas_bench.workloads.registry import WORKLOADS
 
     names = [w.strip() for w in workload.split(",") if w.strip()]

@@ -1,39 +1,32 @@
 """Plan and run experiments: one workload sample, several schedulers, one engine setting.
 
-`plan_run` checks every input before anything runs (names, rates, task counts, the KV budget
-against the largest call) and samples the workload once, so every scheduler sees the same
-tasks. `run_cell` runs one scheduler on that sample, or returns the stored summary of a run
-with the same identity unless `force`.
+`plan_run` turns a run specification (`spec.RunSpec`, already checked) into a plan: the engine
+checks what it needs (`plan.Server.prepare`), the workload and preset are resolved, the rate
+worked out (a load from the measured capacity), a large run's size estimated, the workload
+sampled once, so every scheduler sees the same tasks, and checked against the KV budget.
+`run_plan` runs every scheduler of a plan through the harness (`harness.run_cell`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
+from topas_bench.harness import run_cell
 from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
-from topas_bench.runners.cluster.config import ClusterConfig
-from topas_bench.runners.cluster.routers import DEFAULT_ROUTER
+from topas_bench.progress import Progress
 from topas_bench.runners.engines import ENGINES
-from topas_bench.runners.sim.config import LengthHint, SimConfig
+from topas_bench.runners.sim.config import SimConfig, check_fits
 from topas_bench.runners.sim.cost import CostModel, Preset, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.registry import (
-    ABLATIONS,
-    BASELINES,
-    PEERS,
-    SCHEDULERS,
-    SGLANG_STOCK,
-    make_policy,
-)
-from topas_bench.workloads.model import Stage, Workload
+from topas_bench.schedulers.registry import BASELINES, make_policy
+from topas_bench.sizing import ESTIMATE_ABOVE_TASKS, check_run
+from topas_bench.spec import RunSpec
 from topas_bench.workloads.registry import DEFAULT_RATE_PRESET, generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
-from topas_bench.workloads.trace_parse import MAX_TIME_S, MAX_TOKENS
+from topas_bench.workloads.trace_parse import MAX_TIME_S
 
 #: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
 CAPACITY_PROBE_TASKS = 200
@@ -41,119 +34,53 @@ CAPACITY_JCT_INFLATION = 3.0
 CAPACITY_BISECTIONS = 7
 
 
-#: Named groups accepted by `--scheduler`.
-GROUPS: dict[str, tuple[str, ...]] = {
-    "paper": (*BASELINES, "topas"),
-    "peers": PEERS,
-    "all": (*BASELINES, "topas", *PEERS),
-    "baselines": BASELINES,
-    "sglang": ("fcfs", "lpm", *SGLANG_STOCK),
-    "ablations": ("topas", *ABLATIONS),
-}
-
-
-def parse_schedulers(spec: str) -> tuple[str, ...]:
-    """Comma-separated scheduler names and groups (`paper` = the paper's five baselines +
-    topas, `peers` = the schedulers the paper left out, `all` = both, `baselines`, `sglang` =
-    stock SGLang's policies, `ablations`, `everything` = every registered policy), e.g.
-    `paper,topas-base`."""
-    names: list[str] = []
-    explicit: set[str] = set()
-    for item in (n.strip() for n in spec.split(",")):
-        if not item:
-            continue
-        if item == "everything":
-            names += SCHEDULERS.names()
-        elif item in GROUPS:
-            names += GROUPS[item]
-        else:
-            SCHEDULERS.get(item)  # raises with the known names
-            if item in explicit:
-                raise TopasError(f"--scheduler lists a name twice: {spec}")
-            explicit.add(item)
-            names.append(item)
-    if not names:
-        raise TopasError("--scheduler is empty; give `all` or a comma-separated list")
-    return tuple(dict.fromkeys(names))  # a group may overlap a name or another group
-
-
 def plan_run(
+    spec: RunSpec,
     *,
-    workload: str,
-    schedulers: Sequence[str],
-    num_tasks: int,
-    seed: int = 0,
-    rate_per_s: float | None = None,
-    load: float | None = None,
-    preset: str = "a100-qwen32b",
-    kv_budget_tokens: int | None = None,
-    length_hint: LengthHint = "none",
-    host_tier_tokens: int = 0,
-    out: Path = Path("runs"),
-    workload_params: Mapping[str, Any] | None = None,
-    scheduler_params: Mapping[str, Mapping[str, Any]] | None = None,
-    engine: str = "sim",
-    before_generate: Callable[[float], None] | None = None,
-    replicas: int | None = None,
-    router: str | None = None,
-    router_params: Mapping[str, Any] | None = None,
+    capacity_tps: float | None = None,
+    check_size: bool = False,
+    allow_large: bool = False,
+    progress: Progress | None = None,
 ) -> RunPlan:
-    """`before_generate(rate_per_s)`, when given, is called once the inputs are checked and
-    just before the workload is sampled (`topas-bench run` estimates the run's size there).
-
-    `replicas` (with `router`, default `routers.DEFAULT_ROUTER`, and `router_params`) runs the
-    plan on a cluster of that many servers (`runners.cluster`). A load, and the workload's
-    default rate, are then per replica: the Poisson rate is N times a single server's (a trace
-    file still keeps its own arrival times)."""
-    ENGINES.get(engine)  # an unknown engine: raises with the known names
-    cluster = cluster_config(replicas, router, router_params)
-    if cluster is not None and engine == "sglang-cpu":
-        raise TopasError("--replicas is for --engine sim or sglang; sglang-cpu runs one server")
-    scale = cluster.replicas if cluster is not None else 1
-    workload, wparams = resolve(workload, workload_params)  # a trace file: the `trace` workload
-    pre = load_preset(preset)
-    if num_tasks < 1:
-        raise TopasError(f"--tasks must be a positive integer, got {num_tasks}")
-    if seed < 0:
-        raise TopasError(f"--seed must be >= 0, got {seed}")
-    if rate_per_s is not None and load is not None:
-        raise TopasError("give either --rate or --load, not both")
-    for name, value in (("--rate", rate_per_s), ("--load", load)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise TopasError(f"{name} must be a positive number, got {value}")
-    if kv_budget_tokens is not None and not 1 <= kv_budget_tokens <= MAX_TOKENS:
-        raise TopasError(
-            f"--kv-budget must be a positive number of tokens, got {kv_budget_tokens} (at most "
-            f"{MAX_TOKENS:,})"
-        )
-    if not 0 <= host_tier_tokens <= MAX_TOKENS:
-        raise TopasError(f"--host-tier-tokens must be 0..{MAX_TOKENS:,}, got {host_tier_tokens}")
-    budget = kv_budget_tokens if kv_budget_tokens is not None else pre.derived_kv_budget_tokens
-    sim = SimConfig(
-        kv_budget_tokens=budget, length_hint=length_hint, host_tier_tokens=host_tier_tokens
-    )
+    """The plan of `spec` (module docstring). A load's capacity is measured unless given
+    (`capacity_tps`: a sweep measures its groups' in parallel and keeps them). With a cluster
+    a load, and the workload's default rate, are per replica: the Poisson rate is N times a
+    single server's (a trace file still keeps its own arrival times). `check_size` estimates
+    a simulated run of more than `sizing.ESTIMATE_ABOVE_TASKS` tasks first and refuses one too
+    large for this machine unless `allow_large`."""
+    progress = progress or Progress()
+    spec = ENGINES.get(spec.engine.engine).server().prepare(spec)
+    workload, wparams = resolve(spec.workload, spec.workload_params)  # a file: `trace`
+    pre = load_preset(spec.preset)
+    num_tasks = spec.num_tasks
+    if num_tasks is None:
+        num_tasks = run_defaults(spec.workload, spec.workload_params)[0]
+    given_budget = spec.kv_budget_tokens
+    budget = given_budget if given_budget is not None else pre.derived_kv_budget_tokens
+    sim = SimConfig(kv_budget_tokens=budget, **spec.engine.sim_settings())
     capacity = None
-    if load is not None:
-        capacity = measure_capacity(workload, tuple(sorted(wparams.items())), pre, budget)
-        rate = load * capacity * scale
+    if spec.load is not None:
+        capacity = capacity_tps
+        if capacity is None:
+            capacity = measure_capacity(workload, tuple(sorted(wparams.items())), pre, budget)
+        rate = spec.load * capacity * spec.replicas
     else:
         own = workload == "trace"  # a trace file keeps its own arrival times
-        default = run_defaults(workload, wparams)[1] * (1 if own else scale)
-        rate = rate_per_s if rate_per_s is not None else default
-    check_span(num_tasks, rate, "--load" if load is not None else "--rate", load or rate_per_s)
-    sparams = {k: dict(v) for k, v in (scheduler_params or {}).items()}
-    for name in sparams:
-        if name not in schedulers:
-            SCHEDULERS.get(name)  # an unknown name: raises with the known names
-            raise TopasError(
-                f"--scheduler-param for {name!r}, which is not in this run "
-                f"(schedulers: {', '.join(schedulers)})"
-            )
-    for name in schedulers:
-        make_policy(name, **sparams.get(name, {}))  # reject bad parameters before running
-    if before_generate is not None:
-        before_generate(rate)
-    w = generate(workload, num_tasks=num_tasks, rate_per_s=rate, seed=seed, **wparams)
+        default = run_defaults(workload, wparams)[1] * (1 if own else spec.replicas)
+        rate = spec.rate_per_s if spec.rate_per_s is not None else default
+    check_span(num_tasks, rate, "--load" if spec.load is not None else "--rate",
+               spec.load or spec.rate_per_s)  # fmt: skip
+    if check_size and not spec.engine.real_server:  # a real server's memory is not ours
+        # probed on one server at its share of the rate
+        check_run(spec, num_tasks, rate / spec.replicas, forced=allow_large, say=progress.note)
+    sampling = f"sampling {num_tasks:,} tasks"
+    if num_tasks > ESTIMATE_ABOVE_TASKS:
+        progress.phase(sampling, None)
+    try:
+        w = generate(workload, num_tasks=num_tasks, rate_per_s=rate, seed=spec.seed, **wparams)
+    finally:
+        if num_tasks > ESTIMATE_ABOVE_TASKS:
+            progress.end(sampling)
     check_fits(w, budget, sim.context_length)
     problems = validate(w, kv_budget_tokens=budget)
     if problems:
@@ -162,12 +89,29 @@ def plan_run(
             f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}"
         )
     return RunPlan(
-        workload=w, workload_name=workload, workload_params=wparams, schedulers=tuple(schedulers),
-        scheduler_params=sparams, num_tasks=num_tasks, seed=seed, rate_per_s=rate, load=load,
+        workload=w, workload_name=workload, workload_params=wparams,
+        schedulers=spec.schedulers, scheduler_params=spec.scheduler_params,
+        num_tasks=num_tasks, seed=spec.seed, rate_per_s=rate, load=spec.load,
         capacity_tps=capacity, preset=pre, kv_budget_tokens=budget,
-        kv_budget_derived=kv_budget_tokens is None, sim=sim, out=out, engine=engine,
-        cluster=cluster,
+        kv_budget_derived=given_budget is None, sim=sim, out=spec.out, options=spec.engine,
+        cluster=spec.cluster,
     )  # fmt: skip
+
+
+def run_plan(
+    plan: RunPlan, *, force: bool = False, progress: Progress | None = None
+) -> list[CellResult]:
+    """Every scheduler of `plan`, one cell after the other (a progress phase each)."""
+    progress = progress or Progress()
+    results = []
+    for name in plan.schedulers:
+        progress.phase(name, plan.num_tasks)
+        counter = functools.partial(progress.update, name)
+        cell = run_cell(plan, name, force=force, on_task_done=counter)
+        progress.update(name, plan.num_tasks)
+        progress.end(name)
+        results.append(cell)
+    return results
 
 
 def check_span(num_tasks: int, rate_per_s: float, flag: str, given: float | None) -> None:
@@ -192,17 +136,6 @@ def check_span(num_tasks: int, rate_per_s: float, flag: str, given: float | None
     )
 
 
-def cluster_config(
-    replicas: int | None, router: str | None, router_params: Mapping[str, Any] | None
-) -> ClusterConfig | None:
-    """The cluster setting of `--replicas`/`--router`/`--router-param`, or None (one server)."""
-    if replicas is None:
-        if router is not None or router_params:
-            raise TopasError("--router and --router-param need --replicas N")
-        return None
-    return ClusterConfig(replicas, router or DEFAULT_ROUTER, dict(router_params or {}))
-
-
 def default_rate_warning(plan: RunPlan, rate_given: bool) -> str | None:
     """A warning when `plan` runs a workload at its default rate on another setting than the
     one that rate was measured on (the default preset and its derived KV budget): there the
@@ -219,53 +152,6 @@ def default_rate_warning(plan: RunPlan, rate_given: bool) -> str | None:
         f"({plan.preset.name}, {plan.kv_budget_tokens:,} tokens): queues may never form, or "
         "never drain; --load 0.8 measures this setting's capacity and runs at 0.8 of it"
     )
-
-
-def check_fits(w: Workload, kv_budget_tokens: int, context_length: int = 32768) -> None:
-    """Every call must be one the server serves whole: SGLang refuses a prompt of at least
-    `min(context_length - 1, kv_budget - 1) - 5` tokens (`TpModelWorker.get_worker_info`)
-    and clips `max_new_tokens` to `min(context_length, kv_budget) - prompt - 2`
-    (`Scheduler.init_req_max_new_tokens`), which must leave the call its output."""
-
-    def least(s: Stage) -> int:
-        return max(
-            s.prompt_tokens + 7, s.prompt_tokens + min(s.output_tokens, s.max_new_tokens) + 2
-        )
-
-    stage = max((s for _, s in w.stages()), key=least)
-    need = least(stage)
-    if need > min(kv_budget_tokens, context_length):
-        what = "KV budget" if kv_budget_tokens <= context_length else "context length"
-        have = min(kv_budget_tokens, context_length)
-        out = min(stage.output_tokens, stage.max_new_tokens)
-        if need == stage.prompt_tokens + out + 2:
-            parts = f"prompt {stage.prompt_tokens:,} + output {out:,} + 2 spare tokens"
-        else:  # SGLang refuses a prompt within 7 tokens of the limit, whatever its output
-            parts = f"prompt {stage.prompt_tokens:,} + 7 tokens SGLang keeps beyond a prompt"
-        raise TopasError(
-            f"{what} of {have:,} tokens is smaller than the largest call in {w.name!r} "
-            f"({parts} = {need:,}); raise --kv-budget to at least {need:,}"
-            + (
-                f", or lower --workload-param context_tokens (now {w.params['context_tokens']:,}"
-                ", MetaGPT's memory cut) to about 0.8 x the budget"
-                if "context_tokens" in w.params
-                else ""
-            )
-        )
-
-
-def run_cell(
-    plan: RunPlan,
-    scheduler: str,
-    *,
-    force: bool = False,
-    on_task_done: Callable[[int], None] | None = None,
-) -> CellResult:
-    """Run one scheduler of `plan` on its engine (`runners.engines.ENGINES`), or return the
-    stored result of a run with the same identity unless `force`."""
-    run = ENGINES.get(plan.engine).run_cell()
-    result: CellResult = run(plan, scheduler, force=force, on_task_done=on_task_done)
-    return result
 
 
 def measure_capacity(
@@ -321,6 +207,6 @@ def _measure_capacity(
 
 
 __all__ = [
-    "BASELINES", "CellResult", "RunPlan", "measure_capacity", "plan_run", "run_cell",
+    "BASELINES", "CellResult", "RunPlan", "measure_capacity", "plan_run", "run_cell", "run_plan",
     "stored_cell", "trace_digest", "workload_digest",
 ]  # fmt: skip

@@ -19,9 +19,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from topas_bench.experiment import plan_run, run_cell
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cell, run_cells
 from topas_bench.plan import CellResult, RunPlan
 from topas_bench.results import read_table
+from topas_bench.runners.sglang_cpu.options import ReferenceOptions
+from topas_bench.spec import RunSpec
 
 #: (engine, workload, seed, scheduler) as cells finish.
 Progress = Callable[[str, str, int, str], None]
@@ -58,17 +61,15 @@ def run_fidelity(
 ) -> FidelityReport:
     """Run every cell on both engines (stored cells of the current engines are reused unless
     `force`) and compare them."""
-    from topas_bench.runners.sglang_cpu.engine import check_plan, run_cells
-
     pairs: list[tuple[str, int, str, CellResult, CellResult]] = []
     for w in workloads:
         for seed in seeds:
-            plan = plan_run(
-                workload=w, schedulers=schedulers, num_tasks=num_tasks, seed=seed, load=load,
-                preset=preset, kv_budget_tokens=kv_budget_tokens, out=out,
+            spec = RunSpec(
+                workload=w, schedulers=tuple(schedulers), num_tasks=num_tasks, seed=seed,
+                load=load, preset=preset, kv_budget_tokens=kv_budget_tokens, out=out,
             )  # fmt: skip
-            ref_plan = dataclasses.replace(plan, engine="sglang-cpu")
-            check_plan(ref_plan)
+            plan = plan_run(spec)
+            ref_plan = plan_run(dataclasses.replace(spec, engine=ReferenceOptions()))
             sims = {}
             for name in schedulers:
                 sims[name] = run_cell(plan, name, force=force)

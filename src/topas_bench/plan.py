@@ -1,31 +1,28 @@
-"""The types every engine shares: a run plan, a cell's result, and reuse of stored cells.
+"""The types every engine and the harness share: a run plan, the server contract, a cell's result.
 
-They live below the engines (docs/design.md, "The seams": plan, identity and cell-result types
-sit under the engines, so no engine imports the experiment layer); `experiment` builds plans and
-picks an engine by name (`runners.engines.ENGINES`).
+They live below the engines (docs/design.md, "The seams"): an engine (`Server`) serves a plan's
+workload under each policy it is handed and returns the tables (`Served`); the harness
+(`harness.py`) owns everything else about a cell: its identity, reuse, the unloaded JCT, the
+summary and the writing. `experiment.plan_run` builds plans from a `spec.RunSpec`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import pandas as pd
 
 from topas_bench.results import RunIdentity, read_meta, reusable
 from topas_bench.runners.cluster.config import ClusterConfig
-from topas_bench.runners.engines import engine_version
-from topas_bench.runners.sim.config import SimConfig
+from topas_bench.runners.sim.config import SimConfig, SimOptions
 from topas_bench.runners.sim.cost import Preset
+from topas_bench.spec import EngineOptions, RunSpec
 from topas_bench.workloads.lengths import identity_params
 from topas_bench.workloads.model import Workload
-
-#: SimConfig fields that enter a run's identity when they differ from their defaults.
-ENGINE_PARAM_FIELDS = (
-    "host_tier_tokens", "length_hint", "chunked_prefill_size", "max_prefill_tokens",
-    "max_running_requests", "context_length",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,12 +44,15 @@ class RunPlan:
     kv_budget_derived: bool
     sim: SimConfig
     out: Path
-    #: `runners.engines.ENGINES` name: `sim`, `sglang-cpu` or `sglang`.
-    engine: str = "sim"
-    #: `runners.sglang.runner.SglangOptions` when the engine is a real SGLang server.
-    sglang: Any = None
+    #: The engine and its own settings (`spec.RunSpec.engine`).
+    options: EngineOptions = field(default_factory=SimOptions)
     #: N replicas behind a router (`--replicas`, `--router`); None: one server.
     cluster: ClusterConfig | None = None
+
+    @property
+    def engine(self) -> str:
+        """`runners.engines.ENGINES` name: `sim`, `sglang-cpu` or `sglang`."""
+        return self.options.engine
 
     @property
     def identity_workload_params(self) -> dict[str, Any]:
@@ -62,15 +62,14 @@ class RunPlan:
         return identity_params(self.workload_name, self.workload_params, self.workload.params)
 
     def identity(self, scheduler: str) -> RunIdentity:
-        """The identity of a `sim` or `sglang-cpu` cell (a real server's has its own)."""
-        defaults = SimConfig(kv_budget_tokens=self.kv_budget_tokens)
-        engine_params = {
-            k: getattr(self.sim, k)
-            for k in ENGINE_PARAM_FIELDS
-            if getattr(self.sim, k) != getattr(defaults, k)
-        }
+        """The identity of `scheduler`'s cell: the run's inputs, the engine and its version,
+        and what the engine adds (`EngineOptions.engine_params`: simulator settings that
+        differ from their defaults, a real server's model and arguments; a cluster's setting).
+        A real server sizes its own KV pool when no budget is given: its cells record 0."""
+        engine_params = self.options.engine_params(self.sim)
         if self.cluster is not None:
             engine_params.update(self.cluster.engine_params())
+        own_budget = self.options.real_server and self.kv_budget_derived
         return RunIdentity(
             workload=self.workload_name,
             num_tasks=self.num_tasks,
@@ -78,9 +77,9 @@ class RunPlan:
             seed=self.seed,
             scheduler=scheduler,
             preset=self.preset.name,
-            kv_budget_tokens=self.kv_budget_tokens,
+            kv_budget_tokens=0 if own_budget else self.kv_budget_tokens,
             engine=self.engine,
-            engine_version=engine_version(self.engine),
+            engine_version=self.options.version,
             workload_params=self.identity_workload_params,
             scheduler_params=dict(self.scheduler_params.get(scheduler, {})),
             engine_params=engine_params,
@@ -96,6 +95,67 @@ class CellResult:
     wall_s: float
     cached: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One policy an engine is asked to serve the plan's workload under.
+
+    run_dir: the cell's directory; an engine may keep files of its own there while it serves
+        (a real server's journal and logs), never the result files, which the harness writes.
+    fresh: start afresh, forgetting what such files hold (`--force`, or a stale result).
+    """
+
+    scheduler: str
+    params: Mapping[str, Any]
+    run_dir: Path
+    fresh: bool = False
+
+
+@dataclass(frozen=True)
+class Served:
+    """What an engine returns for one cell: the record tables (`results.TABLES`, the columns
+    of `runners.sim.records`), the counters the summary reads, simulated (or measured) and wall
+    seconds, and what else the cell records: `info` (more `run.json` fields), `extra`
+    (`CellResult.extra`). `failed` (an error message) marks a partial result: its tables are
+    kept in the cell's directory without `run.json`, and the error is raised."""
+
+    tables: dict[str, pd.DataFrame]
+    counters: dict[str, float]
+    sim_time_s: float
+    wall_s: float
+    info: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    failed: str | None = None
+
+
+#: (index into the cells being served, tasks done in that cell)
+CellProgress = Callable[[int, int], None]
+
+
+def cell_progress(progress: CellProgress | None, index: int) -> Callable[[int], None] | None:
+    """The `index`-th cell's task counter of `progress` (None: nobody is counting)."""
+    if progress is None:
+        return None
+    return lambda done: progress(index, done)
+
+
+class Server(Protocol):
+    """An engine behind the harness: the system under test (MLPerf LoadGen's SUT boundary).
+
+    `prepare` checks what would stop the engine before anything runs (its venv, the model,
+    interpreters) and fills in what it defaults, returning the spec to plan. `serve` serves
+    `plan.workload` under each cell's policy, in order, on the plan's settings, and yields each
+    cell's tables as it is done; an engine may serve several cells in one go (the reference
+    engine pays SGLang's import once per plan). It never writes the result files, computes a
+    summary or decides whether a cell is reused: the harness does.
+    """
+
+    def prepare(self, spec: RunSpec) -> RunSpec: ...
+
+    def serve(
+        self, plan: RunPlan, cells: Sequence[Cell], progress: CellProgress | None
+    ) -> Iterator[Served]: ...
 
 
 def stored_cell(scheduler: str, run_dir: Path, digest: str) -> CellResult | None:

@@ -19,9 +19,12 @@ import time
 import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from topas_bench.errors import TopasError
+
+if TYPE_CHECKING:
+    from topas_bench.spec import RunSpec
 
 #: Runs above this many tasks get an estimate first (smaller ones take seconds and little memory).
 ESTIMATE_ABOVE_TASKS = 5_000
@@ -92,8 +95,7 @@ def probe(
     `tracemalloc`, then (given `schedulers`) simulated with each scheduler under `tracemalloc`
     (memory) and again without it (time: tracemalloc slows allocation several times over).
     With no schedulers the simulation fields are 0: a lower bound, and cheap."""
-    from topas_bench.experiment import check_fits
-    from topas_bench.runners.sim.config import SimConfig
+    from topas_bench.runners.sim.config import SimConfig, check_fits
     from topas_bench.runners.sim.cost import CostModel, load_preset
     from topas_bench.runners.sim.engine import Simulator
     from topas_bench.schedulers.registry import make_policy
@@ -176,40 +178,23 @@ def estimate_sweep(groups: Sequence[tuple[Probe, int]], jobs: int) -> Estimate:
     )
 
 
-def run_gate(
-    *,
-    workload: str,
-    params: Mapping[str, Any],
-    num_tasks: int,
-    seed: int,
-    schedulers: Sequence[str],
-    preset: str,
-    kv_budget_tokens: int | None,
-    scheduler_params: Mapping[str, Mapping[str, Any]] | None,
-    forced: bool,
-    say: Callable[[str], None],
-) -> Callable[[float], None]:
-    """A `plan_run(before_generate=...)` hook for a simulator run: above
-    `ESTIMATE_ABOVE_TASKS` tasks it probes, tells the estimate through `say` and refuses a
-    run too large for this machine (`check`) before the workload is built."""
-
-    def hook(rate_per_s: float) -> None:
-        if num_tasks <= ESTIMATE_ABOVE_TASKS:
-            return
-        say(f"{num_tasks:,} tasks: estimating the run's size from a {PROBE_TASKS}-task probe")
-        limit = memory_limit_bytes()
-        # the workload alone first: it is cheap to measure and may already be too large
-        lower = estimate_run(
-            probe(workload, params, rate_per_s, seed, (), preset, kv_budget_tokens), num_tasks
-        )
-        check(lower, limit_bytes=limit, forced=forced)
-        p = probe(workload, params, rate_per_s, seed, schedulers, preset, kv_budget_tokens,
-                  scheduler_params)  # fmt: skip
-        est = estimate_run(p, num_tasks)
-        say(est.describe())
-        check(est, limit_bytes=limit, forced=forced)
-
-    return hook
+def check_run(
+    spec: RunSpec, num_tasks: int, rate_per_s: float, *, forced: bool, say: Callable[[str], None]
+) -> None:
+    """Before a simulated run's workload is built (`experiment.plan_run`): above
+    `ESTIMATE_ABOVE_TASKS` tasks, probe, tell the estimate through `say` and refuse a run too
+    large for this machine (`check`). `rate_per_s` is one server's (a cluster's share)."""
+    if num_tasks <= ESTIMATE_ABOVE_TASKS:
+        return
+    say(f"{num_tasks:,} tasks: estimating the run's size from a {PROBE_TASKS}-task probe")
+    limit = memory_limit_bytes()
+    args = (spec.workload, spec.workload_params, rate_per_s, spec.seed)
+    setting = (spec.preset, spec.kv_budget_tokens)
+    # the workload alone first: it is cheap to measure and may already be too large
+    check(estimate_run(probe(*args, (), *setting), num_tasks), limit_bytes=limit, forced=forced)
+    est = estimate_run(probe(*args, spec.schedulers, *setting, spec.scheduler_params), num_tasks)
+    say(est.describe())
+    check(est, limit_bytes=limit, forced=forced)
 
 
 def memory_limit_bytes() -> int:

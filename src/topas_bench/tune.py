@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
-from topas_bench.experiment import plan_run, run_cell
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cell
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy
 from topas_bench.schedulers.topas import Topas
+from topas_bench.spec import RunSpec
 
 #: Seeds of the reported results; tuning must not use them.
 EVAL_SEEDS = (0, 1, 2, 3, 4)
@@ -100,13 +102,13 @@ def _optuna() -> Any:
 
 def _cell(args: tuple[TuneSpec, int, str, dict[str, Any]]) -> tuple[float, float]:
     spec, seed, scheduler, params = args
-    plan = plan_run(
-        workload=spec.workload, schedulers=[scheduler], num_tasks=spec.num_tasks, seed=seed,
+    run = RunSpec(
+        workload=spec.workload, schedulers=(scheduler,), num_tasks=spec.num_tasks, seed=seed,
         rate_per_s=spec.rate_per_s, load=spec.load, preset=spec.preset,
         kv_budget_tokens=spec.kv_budget_tokens, out=spec.out,
-        scheduler_params={scheduler: params} if params else None,
+        scheduler_params={scheduler: params} if params else {},
     )  # fmt: skip
-    s = run_cell(plan, scheduler).summary
+    s = run_cell(plan_run(run), scheduler).summary
     return s["mean_jct_s"], s["p99_jct_s"]
 
 

@@ -10,13 +10,14 @@ from rich.console import Console
 from rich.table import Table
 
 from topas_bench.analysis.metrics import METRIC_BY_NAME
+from topas_bench.runners.sglang.options import SglangOptions
 from topas_bench.runners.sim.cost import Preset, load_preset, preset_names
 from topas_bench.workloads.lengths import describe, lengths_line
 from topas_bench.workloads.model import Workload
 from topas_bench.workloads.registry import WORKLOADS
 
 if TYPE_CHECKING:
-    from topas_bench.experiment import CellResult, RunPlan
+    from topas_bench.plan import CellResult, RunPlan
 
 RUN_COLUMNS = (
     ("tasks", "tasks"),
@@ -69,6 +70,9 @@ def arrivals_line(plan: RunPlan) -> str:
 
 
 def print_plan(console: Console, plan: RunPlan) -> None:
+    if isinstance(plan.options, SglangOptions):
+        _print_server_plan(console, plan, plan.options)
+        return
     console.print(arrivals_line(plan), markup=False)
     console.print(
         f"engine {plan.engine}, preset {plan.preset.name} ({plan.preset.gpu.name}, "
@@ -84,6 +88,21 @@ def print_plan(console: Console, plan: RunPlan) -> None:
             "KV budget above",
             markup=False,
         )
+    console.print(f"schedulers: {', '.join(plan.schedulers)}")
+
+
+def _print_server_plan(console: Console, plan: RunPlan, opts: SglangOptions) -> None:
+    """A real server's plan: where it is and its KV budget (the server's own unless given)."""
+    console.print(
+        f"workload {plan.workload_name}: {plan.num_tasks} tasks, seed {plan.seed}, "
+        f"Poisson rate {plan.rate_per_s:.4g} tasks/s"
+    )
+    where = f"endpoint {opts.endpoint}" if opts.endpoint else f"model {opts.model}"
+    budget = "server default" if plan.kv_budget_derived else f"{plan.kv_budget_tokens:,} tokens"
+    console.print(f"engine {plan.engine}, {where}, KV budget {budget}")
+    console.print(lengths_line(plan.workload_name, plan.workload.params), markup=False)
+    if plan.cluster is not None:
+        console.print(f"cluster: {plan.cluster.describe()} (sglang-router 0.3.2)", markup=False)
     console.print(f"schedulers: {', '.join(plan.schedulers)}")
 
 

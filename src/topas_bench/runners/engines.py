@@ -1,44 +1,51 @@
-"""The engines a run can use, by name: the registry the experiment layer picks from.
+"""The engines a run can use, by name: the registry the planner and the harness pick from.
 
-Each engine is a function `run_cell(plan, scheduler, *, force, on_task_done) -> CellResult`,
-imported only when used (the reference engine and the real server pull in subprocesses and
-HTTP). `version` is part of every run's identity: bump it whenever a change to the engine can
-change a result, so cells an older engine made are rerun, never reused (`results.RunIdentity`).
+An engine is two things: its options (a frozen value in the run specification, `options`, a
+light class with no I/O, which also carries the engine's version) and its server (`module`'s
+`SERVER`, the system under test behind the harness: `plan.Server`), imported only when used (the
+reference engine and the real server pull in subprocesses and HTTP).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from topas_bench.errors import TopasError
+from topas_bench.plan import Server
 from topas_bench.registry import Registry
+from topas_bench.runners.sglang.options import SglangOptions, refuse_sglang_flags
+from topas_bench.runners.sglang_cpu.options import ReferenceOptions
+from topas_bench.runners.sim.config import SimOptions
+from topas_bench.spec import EngineOptions
 
 
 @dataclass(frozen=True)
 class Engine:
     name: str
-    version: int
     description: str
-    module: str  # holds `run_cell`
+    options: type[EngineOptions]
+    module: str  # holds `SERVER`
 
-    def run_cell(self) -> Callable[..., Any]:
-        return importlib.import_module(self.module).run_cell  # type: ignore[no-any-return]
+    @property
+    def version(self) -> int:
+        """Part of every run's identity (`options.version`)."""
+        return self.options.version
+
+    def server(self) -> Server:
+        """The engine's server (its module imported now)."""
+        return cast(Server, importlib.import_module(self.module).SERVER)
 
 
 ENGINES: Registry[Engine] = Registry("engine")
 for _e in (
-    # v2: SGLang 0.5.23's batch_is_full latch, LRU refresh on match, token-granular radix
-    # with node splits, PrefillAdder/retraction accounting as the reference engine measures.
-    # v3: a finished request's prompt is split from its output in the tree (as SGLang's
-    # checkpoint_into_tree), so eviction can drop the output and keep the prompt; the policy
-    # seams of the peers (calc_priority variants, eviction policies, pins, TTL retention).
-    Engine("sim", 3, "discrete-event simulator of one SGLang server (default)",
+    Engine("sim", "discrete-event simulator of one SGLang server (default)", SimOptions,
            "topas_bench.runners.sim.runner"),
-    Engine("sglang-cpu", 1, "SGLang 0.5.23's own Scheduler on CPU, virtual clock (reference)",
-           "topas_bench.runners.sglang_cpu.engine"),
-    Engine("sglang", 1, "real SGLang servers with the topas plugin (GPU)",
+    Engine("sglang-cpu", "SGLang 0.5.23's own Scheduler on CPU, virtual clock (reference)",
+           ReferenceOptions, "topas_bench.runners.sglang_cpu.engine"),
+    Engine("sglang", "real SGLang servers with the topas plugin (GPU)", SglangOptions,
            "topas_bench.runners.sglang.runner"),
 ):  # fmt: skip
     ENGINES.add(_e.name, _e)
@@ -46,3 +53,16 @@ for _e in (
 
 def engine_version(name: str) -> int:
     return ENGINES.get(name).version
+
+
+def engine_options(name: str, flags: Mapping[str, Any]) -> EngineOptions:
+    """Engine `name`'s options from `run`'s engine-specific flags (flag name -> value, None
+    when not given): each engine takes its own and refuses the others'."""
+    engine = ENGINES.get(name)  # an unknown engine: one line naming the known ones
+    hint = flags.get("--length-hint") or "none"
+    if hint not in ("none", "oracle"):
+        raise TopasError(f"--length-hint must be `none` or `oracle`, got {hint!r}")
+    given = {k: v for k, v in flags.items() if v is not None}
+    if engine.options is not SglangOptions:
+        refuse_sglang_flags(given, engine.name)
+    return engine.options.from_flags(given)

@@ -7,12 +7,12 @@ is simply run again. Every stored cell is verified before it is skipped (`result
 files readable, row counts as run.json records, the same workload sample); a corrupt or stale
 one is run again and reported in `SweepResult.redone`.
 
-Every group is planned here, once (`plan_run`): the workload is sampled once, and its canonical
-trace text travels to the worker with each cell (never a pickle), so every scheduler of a group
-runs on the same tasks; the worker checks the sample's digest. A load needs the workload's
-measured capacity: it is measured once per (workload, params, preset, KV budget) on the
-executor, before the cells, and kept in `OUT/capacity.json` so a resumed sweep uses the same
-rates (`force` measures again).
+Every group (a `spec.RunSpec`) is planned here, once (`plan_run`): the workload is sampled once,
+and its canonical trace text travels to the worker with each cell (never a pickle), so every
+scheduler of a group runs on the same tasks; the worker checks the sample's digest. A load
+needs the workload's measured capacity: it is measured once per (workload, params, preset, KV
+budget) on the executor, before the cells, and kept in `OUT/capacity.json` so a resumed sweep
+uses the same rates (`force` measures again).
 """
 
 from __future__ import annotations
@@ -21,23 +21,20 @@ import json
 import os
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
-from topas_bench.experiment import (
-    RunPlan,
-    measure_capacity,
-    plan_run,
-    run_cell,
-    trace_digest,
-    workload_digest,
-)
+from topas_bench.experiment import measure_capacity, plan_run
+from topas_bench.harness import run_cell
+from topas_bench.plan import RunPlan, trace_digest, workload_digest
+from topas_bench.progress import Progress
 from topas_bench.results import TABLES, check_cell, is_finished
 from topas_bench.runners.sim.cost import Preset, load_preset
+from topas_bench.spec import RunSpec
 from topas_bench.sweep.executors import Executor, make_executor
-from topas_bench.sweep.spec import Group, SweepSpec
+from topas_bench.sweep.spec import SweepSpec
 from topas_bench.workloads.lengths import generation_params
 from topas_bench.workloads.registry import identity_params, resolve, run_defaults
 from topas_bench.workloads.trace import dumps_workload, loads_workload
@@ -104,19 +101,6 @@ class SweepResult:
         return [c for c in self.ran if c.error is not None]
 
 
-class Progress:
-    """What the sweep reports as it goes; the CLI draws a bar from it. No-ops by default."""
-
-    def phase(self, name: str, total: int) -> None:
-        pass
-
-    def advance(self, name: str, label: str) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        """A line for the user (the size estimate of a large sweep)."""
-
-
 def run_cell_job(job: CellJob) -> CellOutcome:
     """A worker's entry point (module-level, so process pools and Ray can import it)."""
     seed = int(job.plan_fields["seed"])
@@ -178,13 +162,14 @@ def run_sweep(
     machine is refused unless `allow_large`."""
     progress = progress or Progress()
     _check_names(specs)
+    runs = [(spec, run) for spec in specs for run in spec.runs(out)]
     if address is not None and executor != "ray":
         raise TopasError("--address needs --executor ray")
     ex = make_executor(executor, jobs, address)
     try:
-        caps = _capacities(specs, out, ex, force, progress)
-        _check_size(specs, caps, jobs if executor == "local" else 1, allow_large, progress)
-        plans = _plans(specs, out, caps)
+        caps = _capacities([run for _, run in runs], out, ex, force, progress)
+        _check_size(runs, caps, jobs if executor == "local" else 1, allow_large, progress)
+        plans = _plans([run for _, run in runs], caps)
         result = SweepResult(out)
         todo: list[CellJob] = []
         traces: dict[int, tuple[str, str]] = {}  # one trace text per group plan
@@ -205,30 +190,25 @@ def run_sweep(
         progress.phase("cells", len(todo))
         for outcome in ex.imap_unordered(run_cell_job, todo):
             result.ran.append(outcome)
-            progress.advance("cells", f"{outcome.workload}/{outcome.scheduler}/s{outcome.seed}")
+            label = f"{outcome.workload}/{outcome.scheduler}/s{outcome.seed}"
+            progress.update("cells", len(result.ran), label)
     finally:
         ex.close()
     return result
 
 
 def _check_names(specs: Sequence[SweepSpec]) -> None:
-    """Unknown names and bad parameters fail before anything runs."""
-    from topas_bench.runners.cluster.routers import check_router
-    from topas_bench.schedulers.registry import make_policy
-
+    """Unknown workloads and presets fail before anything runs (the run specifications,
+    `SweepSpec.runs`, check the schedulers, their parameters and the routers)."""
     for spec in specs:
         for w in spec.workloads:
             resolve(w, spec.workload_params.get(w, {}))
         for p in spec.presets:
             load_preset(p)
-        for s in spec.schedulers:
-            make_policy(s, **spec.scheduler_params.get(s, {}))
-        for r in spec.cluster_routers():
-            check_router(r, spec.router_params.get(r, {}))
 
 
 def _check_size(
-    specs: Sequence[SweepSpec],
+    runs: Sequence[tuple[SweepSpec, RunSpec]],
     caps: Mapping[CapacityKey, float],
     jobs: int,
     allow_large: bool,
@@ -247,76 +227,68 @@ def _check_size(
         probe,
     )
 
-    groups = [(spec, g) for spec in specs for g in spec.groups()]
-
-    def tasks(spec: SweepSpec, g: Group) -> int:
-        return _tasks(spec, g)
-
-    sizes = [tasks(spec, g) for spec, g in groups]
+    sizes = [_tasks(run) for _, run in runs]
     if max(sizes) <= ESTIMATE_ABOVE_TASKS and sum(sizes) <= 20 * ESTIMATE_ABOVE_TASKS:
         return
     progress.note(
-        f"{len(groups):,} runs of up to {max(sizes):,} tasks: estimating the sweep's size from "
+        f"{len(runs):,} runs of up to {max(sizes):,} tasks: estimating the sweep's size from "
         f"{PROBE_TASKS}-task probes"
     )
     limit = memory_limit_bytes()
     for with_schedulers in (False, True):  # the workloads alone first: cheap, maybe enough
         probes: dict[tuple[CapacityKey, tuple[str, ...]], Probe] = {}
         sized = []
-        for spec, g in groups:
-            cap = caps.get(_cap_key(spec, g))
-            rate = g.load * cap if g.load is not None and cap is not None else g.rate_per_s
-            if rate is not None and g.load is None and g.replicas:
-                rate /= g.replicas  # probed on one server, at its share of a cluster's rate
+        for (spec, run), size in zip(runs, sizes, strict=True):
+            cap = caps.get(_cap_key(run))
+            rate = run.load * cap if run.load is not None and cap is not None else run.rate_per_s
+            if rate is not None and run.load is None and run.cluster is not None:
+                rate /= run.replicas  # probed on one server, at its share of a cluster's rate
             names = spec.schedulers if with_schedulers else ()
-            key = (_cap_key(spec, g), names)
+            key = (_cap_key(run), names)
             if key not in probes:
                 probes[key] = probe(
-                    g.workload, spec.workload_params.get(g.workload, {}), rate, g.seed, names,
-                    g.preset, g.kv_budget_tokens, spec.scheduler_params,
+                    run.workload, run.workload_params, rate, run.seed, names, run.preset,
+                    run.kv_budget_tokens, spec.scheduler_params,
                 )  # fmt: skip
-            sized.append((probes[key], tasks(spec, g)))
+            sized.append((probes[key], size))
         est = estimate_sweep(sized, jobs)
         if with_schedulers:
             progress.note(est.describe())
         check(est, limit_bytes=limit, forced=allow_large, what="sweep")
 
 
-def _budget(group: Group) -> int:
-    if group.kv_budget_tokens is not None:
-        return group.kv_budget_tokens
-    return load_preset(group.preset).derived_kv_budget_tokens
+def _budget(run: RunSpec) -> int:
+    if run.kv_budget_tokens is not None:
+        return run.kv_budget_tokens
+    return load_preset(run.preset).derived_kv_budget_tokens
 
 
-def _cap_key(spec: SweepSpec, g: Group) -> CapacityKey:
+def _cap_key(run: RunSpec) -> CapacityKey:
     """(workload, its identity's parameters as JSON, preset, KV budget): the length setting is
     named as in a cell's identity, so capacities of different settings never mix, and those
     measured before the setting existed (legacy ``exact``) stay valid."""
-    given = spec.workload_params.get(g.workload, {})
-    params = json.dumps(identity_params(g.workload, given), sort_keys=True)
-    return (g.workload, params, load_preset(g.preset).name, _budget(g))
+    params = json.dumps(identity_params(run.workload, run.workload_params), sort_keys=True)
+    return (run.workload, params, load_preset(run.preset).name, _budget(run))
 
 
 def _capacities(
-    specs: Sequence[SweepSpec], out: Path, ex: Executor, force: bool, progress: Progress
+    runs: Sequence[RunSpec], out: Path, ex: Executor, force: bool, progress: Progress
 ) -> dict[CapacityKey, float]:
     path = out / CAPACITY_FILE
     known = {} if force else _read_capacities(path)
     presets: dict[CapacityKey, Preset] = {
-        _cap_key(s, g): load_preset(g.preset)
-        for s in specs
-        for g in s.groups()
-        if g.load is not None
+        _cap_key(run): load_preset(run.preset) for run in runs if run.load is not None
     }
     need = sorted(set(presets) - set(known))
     if not need:
         return known
     progress.phase("capacity", len(need))
-    for res in ex.imap_unordered(measure_capacity_job, [CapacityJob(k, presets[k]) for k in need]):
+    jobs = [CapacityJob(k, presets[k]) for k in need]
+    for i, res in enumerate(ex.imap_unordered(measure_capacity_job, jobs)):
         if res.capacity_tps is None:
             raise TopasError(f"measuring the capacity of {res.key[0]} failed: {res.error}")
         known[res.key] = res.capacity_tps
-        progress.advance("capacity", res.key[0])
+        progress.update("capacity", i + 1, res.key[0])
     _write_capacities(path, known)
     return known
 
@@ -349,43 +321,20 @@ def _write_capacities(path: Path, caps: Mapping[CapacityKey, float]) -> None:
     os.replace(tmp, path)
 
 
-def _plans(
-    specs: Sequence[SweepSpec], out: Path, caps: Mapping[CapacityKey, float]
-) -> list[tuple[RunPlan, str]]:
+def _plans(runs: Sequence[RunSpec], caps: Mapping[CapacityKey, float]) -> list[tuple[RunPlan, str]]:
     """Every cell as (its group's plan, scheduler), each distinct run directory once."""
     cells: dict[Path, tuple[RunPlan, str]] = {}
-    for spec in specs:
-        for g in spec.groups():
-            cap = caps[_cap_key(spec, g)] if g.load is not None else None
-            rate = g.load * cap if g.load is not None and cap is not None else g.rate_per_s
-            params = spec.workload_params.get(g.workload, {})
-            tasks = _tasks(spec, g)
-            if rate is not None and g.load is not None and g.replicas is not None:
-                rate *= g.replicas  # a load is per replica
-            plan = plan_run(
-                workload=g.workload, schedulers=spec.schedulers, num_tasks=tasks,
-                seed=g.seed, rate_per_s=rate,
-                preset=g.preset, kv_budget_tokens=g.kv_budget_tokens,
-                length_hint=spec.length_hint, host_tier_tokens=spec.host_tier_tokens, out=out,
-                workload_params=params, scheduler_params=spec.scheduler_params,
-                replicas=g.replicas, router=g.router,
-                router_params=spec.router_params.get(g.router or "", {}),
-            )  # fmt: skip
-            if g.load is not None:
-                plan = replace(plan, load=g.load, capacity_tps=cap)
-            for s in plan.schedulers:
-                cells.setdefault(plan.identity(s).run_dir(out), (plan, s))
+    for run in runs:
+        cap = caps[_cap_key(run)] if run.load is not None else None
+        plan = plan_run(run, capacity_tps=cap)
+        for s in plan.schedulers:
+            cells.setdefault(plan.identity(s).run_dir(run.out), (plan, s))
     return list(cells.values())
 
 
-def _tasks(spec: SweepSpec, g: Group) -> int:
-    """A group's task count: `tasks` (or the workload's default), times the replicas with
-    `tasks_per_replica`."""
-    params = spec.workload_params.get(g.workload, {})
-    tasks = spec.num_tasks or run_defaults(g.workload, params)[0]
-    if spec.tasks_per_replica and g.replicas is not None:
-        tasks *= g.replicas
-    return tasks
+def _tasks(run: RunSpec) -> int:
+    """A run's task count (its workload's default when not given)."""
+    return run.num_tasks or run_defaults(run.workload, run.workload_params)[0]
 
 
 def _job(

@@ -1,5 +1,8 @@
 """What a sweep covers: schedulers x workloads x loads (or rates) x seeds x presets x KV budgets.
 
+Each group of the product is a run specification (`SweepSpec.runs`: a `spec.RunSpec`, as
+`topas-bench run` takes), planned and run as `run` plans and runs its own.
+
 A sweep comes from flags or a TOML file. The file's top-level keys are the settings; an
 optional `[[sweep]]` array adds several sweeps that share them (each entry overrides the
 top-level keys), e.g. a main comparison plus an ablation and a load curve:
@@ -38,6 +41,7 @@ default rate, are per replica: a group of N replicas gets N times the single ser
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,28 +49,16 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
-from topas_bench.runners.sim.config import LengthHint
+from topas_bench.runners.cluster.config import ClusterConfig
+from topas_bench.runners.sim.config import LengthHint, SimOptions
+from topas_bench.spec import DEFAULT_PRESET, RunSpec, parse_schedulers
+from topas_bench.workloads.registry import run_defaults
 
 KEYS = (
     "workloads", "schedulers", "seeds", "loads", "rates", "presets", "kv_budgets", "tasks",
     "length_hint", "host_tier_tokens", "workload_params", "scheduler_params", "out",
     "replicas", "routers", "router_params", "tasks_per_replica",
 )  # fmt: skip
-DEFAULT_PRESET = "a100-qwen32b"
-
-
-@dataclass(frozen=True)
-class Group:
-    """One workload sample and engine setting; every scheduler of a sweep runs on it."""
-
-    workload: str
-    preset: str
-    kv_budget_tokens: int | None  # None: the preset's derived budget
-    load: float | None
-    rate_per_s: float | None  # None with load None: the workload's default rate
-    seed: int
-    replicas: int | None = None  # None: one server, no router
-    router: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,22 +118,39 @@ class SweepSpec:
             if extra:
                 raise TopasError(f"sweep: `{key}` for {extra[0]!r}, which is not in this sweep")
 
-    def groups(self) -> list[Group]:
+    def runs(self, out: Path) -> list[RunSpec]:
+        """Every group of the sweep (workload x preset x budget x load or rate x cluster x
+        seed, in that nesting) as the run of all its schedulers on one workload sample. A
+        group's tasks: `tasks` (or the workload's default), times the replicas with
+        `tasks_per_replica` (the default is read from a trace file)."""
         levels: list[tuple[float | None, float | None]] = (
             [(x, None) for x in self.loads] or [(None, x) for x in self.rates] or [(None, None)]
         )
-        clusters: list[tuple[int | None, str | None]] = [
-            (n, r) for n in self.replicas for r in self.cluster_routers()
-        ] or [(None, None)]
-        return [
-            Group(w, p, b, load, rate, s, n, r)
-            for w in self.workloads
-            for p in self.presets
-            for b in self.kv_budgets
-            for load, rate in levels
-            for n, r in clusters
-            for s in self.seeds
-        ]
+        clusters: list[ClusterConfig | None] = [
+            ClusterConfig(n, r, self.router_params.get(r, {}))
+            for n in self.replicas
+            for r in self.cluster_routers()
+        ] or [None]
+        engine = SimOptions(self.length_hint, self.host_tier_tokens)
+
+        def tasks(workload: str, cluster: ClusterConfig | None) -> int | None:
+            if not (self.tasks_per_replica and cluster is not None):
+                return self.num_tasks
+            params = self.workload_params.get(workload, {})
+            return (self.num_tasks or run_defaults(workload, params)[0]) * cluster.replicas
+
+        runs = []
+        for w, p, b, (load, rate), c, s in itertools.product(
+            self.workloads, self.presets, self.kv_budgets, levels, clusters, self.seeds
+        ):
+            params = self.workload_params.get(w, {})
+            run = RunSpec(
+                workload=w, schedulers=self.schedulers, num_tasks=tasks(w, c), seed=s,
+                rate_per_s=rate, load=load, preset=p, kv_budget_tokens=b, workload_params=params,
+                scheduler_params=self.scheduler_params, cluster=c, engine=engine, out=out,
+            )  # fmt: skip
+            runs.append(run)
+        return runs
 
     def cluster_routers(self) -> tuple[str, ...]:
         """The routers of the sweep's clusters (sglang-router's default when none is named)."""
@@ -195,8 +204,6 @@ def load_specs(
 
 
 def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
-    from topas_bench.experiment import parse_schedulers
-
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
         raise TopasError(f"{source}: unknown key {unknown[0]!r}; known: {', '.join(KEYS)}")
@@ -290,4 +297,4 @@ def parse_list(text: str, flag: str, kind: type[int] | type[float]) -> list[Any]
     return items
 
 
-__all__: Sequence[str] = ("Group", "SweepSpec", "load_specs", "parse_list", "read_toml")
+__all__: Sequence[str] = ("SweepSpec", "load_specs", "parse_list", "read_toml")

@@ -3,5 +3,5 @@
 `sim.ClusterSim` runs the client (task DAGs, arrivals, tool delays) once and routes every
 request through a router (`routers`) to one of N replicas (`replica.Replica`, the single-server
 simulator with its own scheduler instance and KV budget), all on one event heap and one clock.
-`runner.run_cell` writes the usual cell files with a `replica` column (docs/cluster.md).
+`runner.serve_cluster` returns the usual tables with a `replica` column (docs/cluster.md).
 """

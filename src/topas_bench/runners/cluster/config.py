@@ -35,6 +35,17 @@ class ClusterConfig:
         check_router(self.router, self.router_params)
         object.__setattr__(self, "router_params", dict(self.router_params))
 
+    @classmethod
+    def from_flags(
+        cls, replicas: int | None, router: str | None, router_params: Mapping[str, Any]
+    ) -> ClusterConfig | None:
+        """The setting of `--replicas`/`--router`/`--router-param`, or None (one server)."""
+        if replicas is None:
+            if router is not None or router_params:
+                raise TopasError("--router and --router-param need --replicas N")
+            return None
+        return cls(replicas, router or DEFAULT_ROUTER, dict(router_params))
+
     def engine_params(self) -> dict[str, Any]:
         """What the setting adds to a run's identity."""
         params: dict[str, Any] = {

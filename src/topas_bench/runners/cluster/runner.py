@@ -1,4 +1,4 @@
-"""One cell on the simulated cluster (`--engine sim --replicas N --router NAME`).
+"""One cell served on the simulated cluster (`--engine sim --replicas N --router NAME`).
 
 The cell holds the single-server layout (docs/design.md section 8): `requests`, `tasks`, `timeline`
 and `decisions` tables and `run.json`, each table over all replicas with a `replica` column
@@ -13,41 +13,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pandas as pd
 
-from topas_bench.plan import CellResult, RunPlan, stored_cell, workload_digest
+from topas_bench.plan import Cell, RunPlan, Served
 from topas_bench.runners.cluster.routers import Cluster, make_router
 from topas_bench.runners.cluster.sim import ClusterResult, ClusterSim
-from topas_bench.runners.sim.cell import write_sim_cell
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.schedulers.registry import make_policy
 
 
-def run_cell(
-    plan: RunPlan,
-    scheduler: str,
-    *,
-    force: bool = False,
-    on_task_done: Callable[[int], None] | None = None,
-) -> CellResult:
+def serve_cluster(
+    plan: RunPlan, cell: Cell, on_task_done: Callable[[int], None] | None = None
+) -> Served:
+    """Serve `plan`'s workload on its cluster, one instance of `cell`'s policy per replica."""
     cfg = plan.cluster
     assert cfg is not None
-    ident = plan.identity(scheduler)
-    run_dir = ident.run_dir(plan.out)
-    digest = workload_digest(plan.workload)
-    if not force and (stored := stored_cell(scheduler, run_dir, digest)) is not None:
-        return stored
     cost = CostModel(plan.preset)
     prefixes = {a.name: a.prefix_tokens for a in plan.workload.agents}
     cluster = Cluster(
         cfg.replicas, kv_budget_tokens=plan.kv_budget_tokens, prefix_tokens=prefixes, cost=cost
     )
     router = make_router(cfg.router, cluster, cfg.router_params)
-    params = plan.scheduler_params.get(scheduler, {})
-    policies = [make_policy(scheduler, **params) for _ in range(cfg.replicas)]
+    policies = [make_policy(cell.scheduler, **cell.params) for _ in range(cfg.replicas)]
     res = ClusterSim(plan.workload, policies, cost, plan.sim, router, on_task_done).run()
     requests = res.table("requests")
     tasks = with_replicas_used(res.table("tasks"), requests)
@@ -68,11 +57,10 @@ def run_cell(
         "router_stats": res.router,
         "per_replica": replicas,
     }
-    result = write_sim_cell(
-        plan, scheduler, ident, digest, tables, counters, res.sim_time_s, res.wall_s,
-        extra={"cluster": setting},
+    return Served(
+        tables, counters, res.sim_time_s, res.wall_s, info={"cluster": setting},
+        extra={"per_replica": replicas},
     )  # fmt: skip
-    return replace(result, extra={"per_replica": replicas})
 
 
 def with_replicas_used(tasks: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:

@@ -1,13 +1,14 @@
-"""One cell of `topas-bench run --engine sglang`: a scheduler's server, the workload, the files.
+"""The real server behind the harness (`run --engine sglang`): a scheduler's server, the workload.
 
 Per scheduler: start an SGLang server with the topas plugin set to that scheduler (or use
-`--endpoint`), run the workload through the workflow client, write the same files as `sim`
-(docs/design.md section 8). Finished tasks are journaled as they end (`partial.jsonl` in the run
-directory), so a crash of the server, of the client or of this process loses nothing: the
-launcher restarts a dead server (up to `max_restarts`) while the client's retries wait, and a
-rerun of the same command resumes with the tasks not yet done (a resumed run starts its first
-remaining task at once and keeps the others' spacing). `run.json`, written last, marks a cell
-whose every task succeeded; otherwise the error names how many failed and the rerun retries them.
+`--endpoint`), run the workload through the workflow client, and hand the harness the same
+tables as `sim` (docs/design.md section 8). Finished tasks are journaled as they end
+(`partial.jsonl` in the cell's directory), so a crash of the server, of the client or of this
+process loses nothing: the launcher restarts a dead server (up to `max_restarts`) while the
+client's retries wait, and a rerun of the same command resumes with the tasks not yet done (a
+resumed run starts its first remaining task at once and keeps the others' spacing). A cell
+whose every task succeeded is written whole; otherwise the harness keeps the partial tables, the
+error names how many failed and the rerun retries them.
 """
 
 from __future__ import annotations
@@ -19,16 +20,15 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from topas_bench.errors import TopasError
-from topas_bench.results import RunIdentity, is_finished, write_run
-from topas_bench.runners.engines import engine_version
+from topas_bench.plan import Cell, CellProgress, RunPlan, Served, cell_progress
 from topas_bench.runners.sglang.api import RequestError, connect, served_model
 from topas_bench.runners.sglang.client import (
     ClientConfig,
@@ -45,6 +45,7 @@ from topas_bench.runners.sglang.launcher import (
     replica_gpu_args,
     sglang_server,
 )
+from topas_bench.runners.sglang.options import SglangOptions
 from topas_bench.runners.sglang.prompts import PromptBuilder, server_tokenizer
 from topas_bench.runners.sim.records import (
     DECISION_COLUMNS,
@@ -52,126 +53,56 @@ from topas_bench.runners.sim.records import (
     TASK_COLUMNS,
     TIMELINE_COLUMNS,
 )
-from topas_bench.workloads.lengths import lengths_line
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from topas_bench.plan import CellResult, RunPlan
+from topas_bench.spec import RunSpec
 
 JOURNAL = "partial.jsonl"
 SERVER_LOG = "server.log"
 ROUTER_LOG = "router.log"
 
 
-@dataclass(frozen=True)
-class SglangOptions:
-    """How `run --engine sglang` reaches its servers.
+class SglangServer:
+    """`plan.Server` for real SGLang servers: one scheduler's server (or fleet) per cell."""
 
-    model: the model path the launcher serves (and the `model` field of requests).
-    endpoint: an existing server's base URL instead of launching one (then one scheduler).
-    server_args: extra `sglang.launch_server` arguments, passed through unchanged.
-    server_python: the interpreter with SGLang and topas-bench installed (default: this one).
-    router_python: with `--replicas`, the interpreter with sglang-router (`make router-env`).
-    """
+    def prepare(self, spec: RunSpec) -> RunSpec:
+        """What can be checked before anything starts: sglang-router and its interpreter for
+        a cluster, the model directory, the server's interpreter."""
+        opts = spec.engine
+        assert isinstance(opts, SglangOptions)
+        if spec.cluster is not None:  # N servers behind sglang-router, all started here
+            from topas_bench.runners.sglang import router
 
-    model: str | None = None
-    endpoint: str | None = None
-    server_args: tuple[str, ...] = ()
-    server_python: str | None = None
-    router_python: str | None = None
-    served_model: str | None = None
-    concurrency: int = 256
-    request_timeout_s: float = 600.0
-    retries: int = 4
-    health_timeout_s: float = 900.0
-    max_restarts: int = 2
+            router.check_router(spec.cluster.router)
+            router.router_argv("python", 0, [], spec.cluster.router, spec.cluster.router_params)
+            opts = replace(opts, router_python=router.router_python(opts.router_python))
+        model = opts.model
+        if model is not None and not Path(model).exists() and not looks_like_hub_id(model):
+            raise TopasError(f"--model {model!r}: no such model directory")
+        if model is not None and opts.endpoint is None:  # we start the servers
+            check_server_python(opts.server_python or sys.executable, "--server-python")
+        return replace(spec, engine=opts)
 
-    def __post_init__(self) -> None:
-        if (self.model is None) == (self.endpoint is None):
-            raise TopasError("--engine sglang needs exactly one of --model PATH or --endpoint URL")
-        if self.endpoint is not None and not self.endpoint.startswith("http://"):
-            raise TopasError(f"--endpoint must be an http:// URL, got {self.endpoint!r}")
+    def serve(
+        self, plan: RunPlan, cells: Sequence[Cell], progress: CellProgress | None
+    ) -> Iterator[Served]:
+        for i, cell in enumerate(cells):
+            yield _serve(plan, cell, cell_progress(progress, i))
 
 
-def options(
-    plan: RunPlan, model: str | None, endpoint: str | None, server_args: list[str],
-    server_python: str | None, router_python: str | None = None,
-) -> RunPlan:  # fmt: skip
-    """`plan` set to run on SGLang; checks what can be checked before anything starts."""
-    import dataclasses
-
-    if plan.cluster is not None:  # N servers behind sglang-router, all started here
-        from topas_bench.runners.sglang import router
-
-        if endpoint is not None:
-            raise TopasError(
-                "--replicas starts the servers and sglang-router itself; it takes --model, not "
-                "--endpoint"
-            )
-        router.check_router(plan.cluster.router)
-        router.router_argv("python", 0, [], plan.cluster.router, plan.cluster.router_params)
-        router_python = router.router_python(router_python)
-    elif router_python is not None:
-        raise TopasError("--router-python is for --replicas N (sglang-router)")
-    opts = SglangOptions(model, endpoint, tuple(server_args), server_python, router_python)
-    if endpoint is not None and len(plan.schedulers) != 1:
-        raise TopasError(
-            "--endpoint serves one scheduler (the one its server was started with); give "
-            f"exactly one --scheduler, got {', '.join(plan.schedulers)}"
-        )
-    if plan.sim.length_hint != "none" or plan.sim.host_tier_tokens:
-        raise TopasError(
-            "--length-hint and --host-tier-tokens are simulator settings; a real server has "
-            "neither (use SGLang's own --enable-hierarchical-cache via --sglang-arg)"
-        )
-    if model is not None and not Path(model).exists() and not looks_like_hub_id(model):
-        raise TopasError(f"--model {model!r}: no such model directory")
-    if model is not None and endpoint is None:  # we start the servers
-        check_server_python(server_python or sys.executable, "--server-python")
-    return dataclasses.replace(plan, sglang=opts, engine="sglang")
+SERVER = SglangServer()
 
 
-def identity(plan: RunPlan, scheduler: str, opts: SglangOptions) -> RunIdentity:
-    engine_params: dict[str, Any] = {"model": opts.model or opts.served_model or opts.endpoint}
-    if opts.server_args:
-        engine_params["server_args"] = list(opts.server_args)
-    if plan.cluster is not None:
-        engine_params.update(plan.cluster.engine_params())
-    return RunIdentity(
-        workload=plan.workload_name, num_tasks=plan.num_tasks, rate_per_s=plan.rate_per_s,
-        seed=plan.seed, scheduler=scheduler, preset=plan.preset.name,
-        kv_budget_tokens=0 if plan.kv_budget_derived else plan.kv_budget_tokens, engine="sglang",
-        engine_version=engine_version("sglang"),
-        workload_params=plan.identity_workload_params,
-        scheduler_params=dict(plan.scheduler_params.get(scheduler, {})),
-        engine_params=engine_params,
-    )  # fmt: skip
-
-
-def run_cell(
-    plan: RunPlan,
-    scheduler: str,
-    *,
-    force: bool = False,
-    on_task_done: Callable[[int], None] | None = None,
-) -> CellResult:
-    from topas_bench.plan import stored_cell, workload_digest
-
-    opts: SglangOptions = plan.sglang
-    ident = identity(plan, scheduler, opts)
-    run_dir = ident.run_dir(plan.out)
-    digest = workload_digest(plan.workload)
-    if not force and (stored := stored_cell(scheduler, run_dir, digest)) is not None:
-        return stored
+def _serve(plan: RunPlan, cell: Cell, on_task_done: Callable[[int], None] | None) -> Served:
+    opts = plan.options
+    assert isinstance(opts, SglangOptions)
+    run_dir = cell.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     journal = run_dir / JOURNAL
-    if force or is_finished(run_dir):  # forced, or finished on another workload sample
+    if cell.fresh:  # forced, or finished on another workload sample
         journal.unlink(missing_ok=True)
         (run_dir / "run.json").unlink(missing_ok=True)
     done = _load_journal(journal)
     remaining = [t for t in plan.workload.tasks if not (t.id in done and done[t.id][0][-1])]
-    fleet = None if opts.endpoint else _fleet(plan, scheduler, opts, run_dir)
+    fleet = None if opts.endpoint else _fleet(plan, cell, opts, run_dir)
     wall0 = time.monotonic()
     try:
         if fleet is not None:
@@ -185,10 +116,10 @@ def run_cell(
             fleet.stop()
     done = _load_journal(journal)
     wall_s = time.monotonic() - wall0
-    return _finish(plan, ident, run_dir, digest, done, fleet, wall_s, len(remaining))
+    return _served(plan, cell, done, fleet, wall_s, len(remaining))
 
 
-def _fleet(plan: RunPlan, scheduler: str, opts: SglangOptions, run_dir: Path) -> Fleet:
+def _fleet(plan: RunPlan, cell: Cell, opts: SglangOptions, run_dir: Path) -> Fleet:
     """One server (`server.log`), or N (`server-<i>.log`) behind sglang-router (`router.log`)."""
     assert opts.model is not None
     n = plan.cluster.replicas if plan.cluster is not None else 1
@@ -197,8 +128,8 @@ def _fleet(plan: RunPlan, scheduler: str, opts: SglangOptions, run_dir: Path) ->
         sglang_server(
             python=opts.server_python,
             model=opts.model,
-            scheduler=scheduler,
-            params=plan.scheduler_params.get(scheduler, {}),
+            scheduler=cell.scheduler,
+            params=cell.params,
             preset=plan.preset.source or plan.preset.name,  # a preset file by its absolute path
             kv_budget_tokens=None if plan.kv_budget_derived else plan.kv_budget_tokens,
             extra=opts.server_args
@@ -322,15 +253,11 @@ def _load_journal(path: Path) -> Journal:
     return out
 
 
-def _finish(
-    plan: RunPlan, ident: RunIdentity, run_dir: Path, digest: str, done: Journal,
-    fleet: Fleet | None, wall_s: float, attempted: int,
-) -> CellResult:  # fmt: skip
-    from topas_bench.analysis.metrics import RunTables, run_info
-    from topas_bench.invariants import jct_floors, no_floor
-    from topas_bench.plan import CellResult
-    from topas_bench.unloaded import with_unloaded_jct
-
+def _served(
+    plan: RunPlan, cell: Cell, done: Journal, fleet: Fleet | None, wall_s: float, attempted: int
+) -> Served:
+    """The cell's tables from the journal: a cluster's with a `replica` column, the timeline
+    from the server's log (none with `--endpoint`); `failed` when a task did not succeed."""
     ok_rows = [task[:-1] for task, _, _ in done.values() if task[-1]]
     req_rows = [tuple(r) for _, reqs, _ in done.values() for r in reqs]
     served = [u for _, _, extra in done.values() for u in extra["served_by"]]
@@ -339,12 +266,17 @@ def _finish(
     requests = pd.DataFrame(req_rows, columns=REQUEST_COLUMNS)
     requests = requests.assign(served_by=served, sent_s=sent).sort_values("ready_s")
     timeline = pd.DataFrame([], columns=TIMELINE_COLUMNS)
-    cluster: dict[str, Any] | None = None
+    cluster: dict[str, Any] = {}
     if fleet is not None and plan.cluster is not None:
-        from topas_bench.runners.sglang.replicas import replica_tables
+        from topas_bench.runners.sglang.replicas import per_replica, replica_tables
 
         urls = requests.pop("served_by").tolist()
         requests, tasks, timeline = replica_tables(fleet, requests, urls, tasks)
+        cluster = {
+            **plan.cluster.engine_params(), "router_params": dict(plan.cluster.router_params),
+            "registry_order": [fleet.replica(u) for u in fleet.order],
+            "per_replica": per_replica(fleet, requests, tasks, timeline),
+        }  # fmt: skip
     elif fleet is not None:
         from topas_bench.runners.sglang.calibrate import timeline_from_log
 
@@ -353,10 +285,9 @@ def _finish(
         requests = requests.drop(columns="sent_s")
     requests = requests.drop(columns="served_by", errors="ignore")
     tables = {
-        "requests": requests.reset_index(drop=True), "tasks": tasks.reset_index(drop=True),
-        "timeline": timeline, "decisions": pd.DataFrame([], columns=DECISION_COLUMNS),
+        "requests": requests.reset_index(drop=True), "tasks": tasks, "timeline": timeline,
+        "decisions": pd.DataFrame([], columns=DECISION_COLUMNS),
     }  # fmt: skip
-    failed = len(plan.workload.tasks) - len(ok_rows)
     cached = requests["cached_tokens"].astype(float)
     counters = {
         "admitted_prompt_tokens": float(requests["prompt_tokens"][cached.notna()].sum()),
@@ -365,50 +296,15 @@ def _finish(
         "server_restarts": float(fleet.restarts if fleet is not None else 0),
         "preemptions": math.nan,  # not visible to a client
     }
-    tasks = with_unloaded_jct(tasks, plan.workload, plan.preset, plan.sim)  # the cost model's
-    tables["tasks"] = tasks.reset_index(drop=True)
-    if fleet is not None and plan.cluster is not None:
-        from topas_bench.runners.sglang.replicas import per_replica
-
-        cluster = {
-            **plan.cluster.engine_params(), "router_params": dict(plan.cluster.router_params),
-            "registry_order": [fleet.replica(u) for u in fleet.order],
-            "per_replica": per_replica(fleet, requests, tasks, timeline),
-        }  # fmt: skip
-    recorded = run_info(RunTables(tasks, requests, tables["decisions"], counters))
-    summary = recorded["summary"]
     span = float(tasks["finish_s"].max()) if not tasks.empty else 0.0
-    if failed:
-        for name, df in tables.items():
-            df.to_parquet(run_dir / f"{name}.parquet", index=False)
+    failed = None
+    if n_failed := len(plan.workload.tasks) - len(ok_rows):
         first = requests[requests["status"] != "ok"]["status"].head(1).tolist()
-        raise TopasError(
-            f"{failed} of {len(plan.workload.tasks)} tasks failed under {ident.scheduler!r} "
+        failed = (
+            f"{n_failed} of {len(plan.workload.tasks)} tasks failed under {cell.scheduler!r} "
             f"(first error: {first[0] if first else 'unknown'}); partial results are in "
-            f"{run_dir}; rerun the same command to retry them"
+            f"{cell.run_dir}; rerun the same command to retry them"
         )
-    info = {
-        **recorded, "counters": counters, "sim_time_s": span, "wall_s": wall_s,
-        "load": plan.load, "capacity_tps": plan.capacity_tps,
-        "workload_digest": digest, "resumed": attempted < plan.num_tasks,
-        **({"cluster": cluster} if cluster is not None else {}),
-    }  # fmt: skip
-    # a real server's speed is unknown: only the client's own delays bound a JCT
-    write_run(run_dir, ident, tables, info, jct_floor_s=jct_floors(plan.workload, no_floor))
-    extra = {"per_replica": cluster["per_replica"]} if cluster is not None else {}
-    return CellResult(ident.scheduler, run_dir, summary, span, wall_s, extra=extra)
-
-
-def print_plan(console: Console, plan: RunPlan) -> None:
-    opts: SglangOptions = plan.sglang
-    console.print(
-        f"workload {plan.workload_name}: {plan.num_tasks} tasks, seed {plan.seed}, "
-        f"Poisson rate {plan.rate_per_s:.4g} tasks/s"
-    )
-    where = f"endpoint {opts.endpoint}" if opts.endpoint else f"model {opts.model}"
-    budget = "server default" if plan.kv_budget_derived else f"{plan.kv_budget_tokens:,} tokens"
-    console.print(f"engine sglang, {where}, KV budget {budget}")
-    console.print(lengths_line(plan.workload_name, plan.workload.params), markup=False)
-    if plan.cluster is not None:
-        console.print(f"cluster: {plan.cluster.describe()} (sglang-router 0.3.2)", markup=False)
-    console.print(f"schedulers: {', '.join(plan.schedulers)}")
+    info = {"resumed": attempted < plan.num_tasks, **({"cluster": cluster} if cluster else {})}
+    extra = {"per_replica": cluster["per_replica"]} if cluster else {}
+    return Served(tables, counters, span, wall_s, info=info, extra=extra, failed=failed)

@@ -1,12 +1,13 @@
 """Entry point of the reference engine inside the SGLang venv:
 ``python -m topas_bench.runners.sglang_cpu.driver JOB.json``.
 
-The job (`job.Job`, written by `engine.run_cells`) names a workload trace, a cost-model preset,
-the server settings and the cells to run (one scheduler each). Per cell the driver constructs
-SGLang's `Scheduler` (SGLang's own FCFS or LPM policy, or our plugin's subclass for every other
-scheduler), serves the workload on the virtual clock (`loop.ReferenceLoop`) and writes the
-record tables as Parquet plus `counters.json` into the cell's folder. Progress goes to stdout as
-JSON lines (`{"cell": i, "tasks_done": n}`), errors to stderr with exit code 1.
+The job (`job.Job`, written by `engine.ReferenceServer.serve`) names a workload trace, a
+cost-model preset, the server settings and the cells to run (one scheduler each). Per cell the
+driver constructs SGLang's `Scheduler` (SGLang's own FCFS or LPM policy, or our plugin's
+subclass for every other scheduler), serves the workload on the virtual clock
+(`loop.ReferenceLoop`) and writes the record tables as Parquet plus `counters.json` into the
+cell's folder. Progress goes to stdout as JSON lines (`{"cell": i, "tasks_done": n}`), errors
+to stderr with exit code 1.
 """
 
 from __future__ import annotations

@@ -1,36 +1,39 @@
-"""One cell on the simulator (`--engine sim`): run the scheduler, write the run directory.
+"""The simulator behind the harness (`--engine sim`): serve a workload under a policy.
 
 With `--replicas`/`--router` the plan runs on the simulated cluster (`runners.cluster`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
-from topas_bench.plan import CellResult, RunPlan, stored_cell, workload_digest
-from topas_bench.runners.sim.cell import write_sim_cell
+from topas_bench.plan import Cell, CellProgress, RunPlan, Served, cell_progress
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.engine import Simulator
 from topas_bench.schedulers.registry import make_policy
+from topas_bench.spec import RunSpec
 
 
-def run_cell(
-    plan: RunPlan,
-    scheduler: str,
-    *,
-    force: bool = False,
-    on_task_done: Callable[[int], None] | None = None,
-) -> CellResult:
-    if plan.cluster is not None:  # N replicas behind a router: an engine made of engines
-        from topas_bench.runners.cluster.runner import run_cell as run_cluster_cell
+class SimServer:
+    """`plan.Server` for the simulator: one cell at a time, in this process."""
 
-        return run_cluster_cell(plan, scheduler, force=force, on_task_done=on_task_done)
-    ident = plan.identity(scheduler)
-    run_dir = ident.run_dir(plan.out)
-    digest = workload_digest(plan.workload)
-    if not force and (stored := stored_cell(scheduler, run_dir, digest)) is not None:
-        return stored
-    policy = make_policy(scheduler, **plan.scheduler_params.get(scheduler, {}))
+    def prepare(self, spec: RunSpec) -> RunSpec:
+        return spec  # nothing outside this process to check
+
+    def serve(
+        self, plan: RunPlan, cells: Sequence[Cell], progress: CellProgress | None
+    ) -> Iterator[Served]:
+        for i, cell in enumerate(cells):
+            if plan.cluster is not None:  # N replicas behind a router: an engine of engines
+                from topas_bench.runners.cluster.runner import serve_cluster
+
+                yield serve_cluster(plan, cell, cell_progress(progress, i))
+            else:
+                yield serve_one(plan, cell, cell_progress(progress, i))
+
+
+def serve_one(plan: RunPlan, cell: Cell, on_task_done: Callable[[int], None] | None) -> Served:
+    policy = make_policy(cell.scheduler, **cell.params)
     sim = Simulator(plan.workload, policy, CostModel(plan.preset), plan.sim, on_task_done)
     res = sim.run()
     counters = {
@@ -43,6 +46,7 @@ def run_cell(
         "requests": res.requests, "tasks": res.tasks,
         "timeline": res.timeline, "decisions": res.decisions,
     }  # fmt: skip
-    return write_sim_cell(
-        plan, scheduler, ident, digest, tables, counters, res.sim_time_s, res.wall_s
-    )
+    return Served(tables, counters, res.sim_time_s, res.wall_s)
+
+
+SERVER = SimServer()

@@ -1,0 +1,72 @@
+"""Command-line options several commands take, declared once (typer `Annotated` aliases).
+
+They are `run`'s; `sweep` (a comma-separated list of most settings) and `tune` declare their own
+where their help has always said it differently, so that every command's help reads as it did.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+SCHEDULER_HELP = (
+    "`paper` (the paper's five baselines + topas), `peers` (the schedulers the paper left out: "
+    "kvflow, continuum, lpm-aging, stock SGLang's), `all` (paper + peers), `baselines`, "
+    "`sglang`, `ablations`, `everything`, names, or a comma-separated mix (paper,topas-base)."
+)
+
+Workload = Annotated[
+    str,
+    typer.Option(
+        "--workload",
+        "-w",
+        help="Workload name (see `workloads list`) or a trace file (docs/workload-format.md).",
+    ),
+]
+Schedulers = Annotated[str | None, typer.Option("--scheduler", "-s", help=SCHEDULER_HELP)]
+Tasks = Annotated[
+    int | None,
+    typer.Option("--tasks", "-n", help="Number of tasks (default: 200; a file: all of its)."),
+]
+Rate = Annotated[
+    float | None, typer.Option(help="Poisson arrival rate, tasks/s (default: the workload's).")
+]
+Load = Annotated[
+    float | None,
+    typer.Option(help="Arrival rate as a fraction of measured capacity (instead of --rate)."),
+]
+Seed = Annotated[int, typer.Option(help="Seed of the workload sample.")]
+Preset = Annotated[
+    str,
+    typer.Option(
+        help="Hardware/model preset: a name (see `presets list`) or a preset .toml file "
+        "(e.g. from `calibrate`)."
+    ),
+]
+KvBudget = Annotated[
+    int | None,
+    typer.Option(
+        "--kv-budget", help="KV cache budget in tokens (default: derived from the preset)."
+    ),
+]
+LengthHint = Annotated[
+    str, typer.Option(help="`none`, or `oracle` to show policies true output lengths.")
+]
+HostTierTokens = Annotated[
+    int, typer.Option(help="Host-memory KV tier capacity in tokens (0 = off).")
+]
+WorkloadParams = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--workload-param", help="Override a generator parameter, key=value (repeatable)."
+    ),
+]
+SchedulerParams = Annotated[
+    list[str] | None,
+    typer.Option("--scheduler-param", help="Scheduler parameter, name.key=value (repeatable)."),
+]
+AllowLarge = Annotated[
+    bool,
+    typer.Option(help="Run even if the estimated memory exceeds half of this machine's RAM."),
+]

@@ -1,0 +1,105 @@
+"""The one run harness: every engine's cells go through it (docs/design.md, "The seams").
+
+For each scheduler of a plan it works out the cell's identity and directory, reuses a stored
+cell of that identity unless forced, and asks the plan's engine to serve the rest
+(`plan.Server.serve`: the engine returns tables, nothing else). Then, the same for every engine:
+each task's unloaded JCT (`unloaded`), the summary (`analysis.metrics.run_info`), the run
+information and the writing, checked against the workload's JCT floors (`results.write_run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from topas_bench.analysis.metrics import RunTables, run_info
+from topas_bench.errors import TopasError
+from topas_bench.invariants import cost_floor, jct_floors, no_floor
+from topas_bench.plan import (
+    Cell,
+    CellProgress,
+    CellResult,
+    RunPlan,
+    Served,
+    stored_cell,
+    workload_digest,
+)
+from topas_bench.results import TABLES, is_finished, write_run
+from topas_bench.runners.engines import ENGINES
+from topas_bench.runners.sim.cost import CostModel
+from topas_bench.unloaded import with_unloaded_jct
+
+
+def run_cell(
+    plan: RunPlan,
+    scheduler: str,
+    *,
+    force: bool = False,
+    on_task_done: Callable[[int], None] | None = None,
+) -> CellResult:
+    """One scheduler of `plan` (`run_cells`); `on_task_done(n)` as its tasks finish."""
+    progress = None if on_task_done is None else lambda _, done: on_task_done(done)
+    return run_cells(plan, [scheduler], force=force, progress=progress)[0]
+
+
+def run_cells(
+    plan: RunPlan,
+    schedulers: Sequence[str],
+    *,
+    force: bool = False,
+    progress: CellProgress | None = None,
+) -> list[CellResult]:
+    """Every scheduler's cell of `plan`, in order: the stored result of a cell with the same
+    identity and workload sample, unless `force`; else served by the plan's engine, all
+    pending cells in one call (`progress(i, done)` counts the i-th pending cell's tasks)."""
+    digest = workload_digest(plan.workload)
+    results: dict[str, CellResult] = {}
+    pending: list[Cell] = []
+    for name in schedulers:
+        run_dir = plan.identity(name).run_dir(plan.out)
+        stored = None if force else stored_cell(name, run_dir, digest)
+        if stored is not None:
+            results[name] = stored
+        else:  # a finished directory that is not reusable holds a stale result: start afresh
+            params = plan.scheduler_params.get(name, {})
+            pending.append(Cell(name, params, run_dir, fresh=force or is_finished(run_dir)))
+    if pending:
+        served = ENGINES.get(plan.engine).server().serve(plan, pending, progress)
+        for cell, out in zip(pending, served, strict=True):
+            results[cell.scheduler] = _store(plan, cell, out, digest)
+    return [results[name] for name in schedulers]
+
+
+def _store(plan: RunPlan, cell: Cell, served: Served, digest: str) -> CellResult:
+    """Write a served cell (docs/design.md section 8): the tasks with their unloaded JCT (for
+    goodput; a real server's is the cost model's estimate), `run.json` with the summary,
+    counters, times and the engine's own fields."""
+    tasks = with_unloaded_jct(served.tables["tasks"], plan.workload, plan.preset, plan.sim)
+    tables = {**served.tables, "tasks": tasks.reset_index(drop=True)}
+    if served.failed is not None:  # kept for the rerun that retries it; no run.json
+        cell.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in TABLES:
+            tables[name].to_parquet(cell.run_dir / f"{name}.parquet", index=False)
+        raise TopasError(served.failed)
+    counters = served.counters
+    recorded = run_info(RunTables(tasks, tables["requests"], tables["decisions"], counters))
+    info = {
+        **recorded,
+        "counters": counters,
+        "sim_time_s": served.sim_time_s,
+        "wall_s": served.wall_s,
+        "load": plan.load,
+        "capacity_tps": plan.capacity_tps,
+        "workload_digest": digest,
+        **served.info,
+    }
+    # a real server's speed is unknown: only the client's own delays bound a JCT
+    floor = no_floor if plan.options.real_server else cost_floor(CostModel(plan.preset))
+    ident = plan.identity(cell.scheduler)
+    write_run(cell.run_dir, ident, tables, info, jct_floor_s=jct_floors(plan.workload, floor))
+    return CellResult(
+        cell.scheduler, cell.run_dir, recorded["summary"], served.sim_time_s, served.wall_s,
+        extra=served.extra,
+    )  # fmt: skip
+
+
+__all__ = ["run_cell", "run_cells"]
