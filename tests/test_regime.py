@@ -1,0 +1,219 @@
+"""The regime map (issue 21): its units (KV budget multiples of the agent-prefix working set,
+loads against the best reference scheduler, output scales), their validation in sweep files
+and flags, and (slow) the heat map and table drawn from a tiny sweep of a 2 x 2 grid."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from topas_bench.analysis.collect import collect
+from topas_bench.analysis.regime import regime_markdown, regime_table
+from topas_bench.analysis.report import build_report
+from topas_bench.cli import app
+from topas_bench.errors import TopasError
+from topas_bench.spec import RunSpec
+from topas_bench.sweep import load_specs
+from topas_bench.sweep.run import CAPACITY_FILE
+from topas_bench.sweep.units import (
+    ONE_AGENT,
+    check_multiple,
+    load_rate,
+    reference_rate,
+    working_set,
+)
+from topas_bench.workloads.model import output_key
+from topas_bench.workloads.registry import generate
+
+# chain3's defaults: three agents of 4,096-token prefixes; a call reads 256 tokens (the input or
+# its dependency's output) and writes 256; check_fits's least budget adds 2 spare tokens.
+W, C = 3 * 4096, 256 + 256 + 2
+
+
+def invoke(*args: str | Path) -> tuple[int, str]:
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+# -- units ---------------------------------------------------------------------------------------
+def test_budget_multiples_of_the_working_set() -> None:
+    ws = working_set("chain3")
+    assert (ws.prefix_tokens, ws.largest_prefix_tokens, ws.call_tokens) == (W, 4096, C)
+    assert ws.budget_tokens(1.0) == W + C  # all fit, and one call
+    assert ws.budget_tokens(ONE_AGENT) == 4096 + C  # one agent fits
+    assert ws.budget_tokens(0.5) == W // 2 + C
+    assert ws.budget_tokens(1.5) == math.ceil(1.5 * W) + C
+    assert ws.multiple_of(ws.budget_tokens(2.0)) == pytest.approx(2.0)
+    assert ws.multiple(ONE_AGENT) == pytest.approx(1 / 3)
+    # dag10-wide: ten agents; its joiner reads eight outputs, its largest call
+    wide = working_set("dag10-wide")
+    assert wide.prefix_tokens == 10 * 4096 and wide.call_tokens == 8 * 256 + 256 + 2
+    # longer outputs need more room per call (it reads one and writes one); prefixes unchanged
+    assert working_set("chain3", {"output_scale": 2}).call_tokens == 512 + 512 + 2
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, "two", True, None])
+def test_bad_budget_multiples(bad: object) -> None:
+    with pytest.raises(TopasError, match="positive number or 'one-agent'"):
+        check_multiple(bad)
+
+
+def test_load_is_a_fraction_of_the_best_reference_saturation() -> None:
+    caps = {"fcfs": 0.05, "lpm": 0.08, "spf": 0.07}
+    assert reference_rate(caps) == ("lpm", 0.08)
+    assert load_rate(0.5, caps) == pytest.approx(0.04)
+    with pytest.raises(TopasError, match="at least one reference"):
+        load_rate(0.5, {})
+
+
+def test_output_scale_scales_every_output_and_what_reads_it() -> None:
+    plain = generate("dag4", num_tasks=3, seed=1)
+    half = generate("dag4", num_tasks=3, seed=1, output_scale=0.5)
+    assert "output_scale" not in plain.params and half.params["output_scale"] == 0.5
+    for a, b in zip(plain.tasks, half.tasks, strict=True):
+        assert a.arrival_s == b.arrival_s
+        outs = {output_key(a.id, s.id) for s in a.stages}
+        for sa, sb in zip(a.stages, b.stages, strict=True):
+            assert sb.output_tokens == sa.output_tokens // 2 == sb.max_new_tokens
+            for ga, gb in zip(sa.prompt, sb.prompt, strict=True):
+                assert gb.tokens == (ga.tokens // 2 if ga.key in outs else ga.tokens)
+    # the MetaGPT workloads' drawn lengths scale too, the client's cap is unchanged
+    tl = generate("metagpt-tl", num_tasks=2, seed=0, output_scale=2)
+    base = generate("metagpt-tl", num_tasks=2, seed=0)
+    assert [s.output_tokens for s in tl.tasks[0].stages] == [
+        2 * s.output_tokens for s in base.tasks[0].stages
+    ]
+    assert {s.max_new_tokens for s in tl.tasks[0].stages} == {4096}
+    with pytest.raises(TopasError, match="output_scale must be a number > 0"):
+        generate("chain3", num_tasks=1, output_scale=0)
+
+
+def test_run_spec_checks_its_load_reference() -> None:
+    with pytest.raises(TopasError, match="unknown scheduler 'zzz'"):
+        RunSpec("chain3", ("fcfs",), load=0.8, load_reference=("zzz",))
+    with pytest.raises(TopasError, match="distinct schedulers"):
+        RunSpec("chain3", ("fcfs",), load=0.8, load_reference=())
+
+
+# -- sweep files and flags -----------------------------------------------------------------------
+def test_sweep_axes_in_regime_units() -> None:
+    doc = {"workloads": ["chain3"], "schedulers": "fcfs,topas", "loads": [0.5, 1.0],
+           "kv_budget_multiples": ["one-agent", 1.0], "output_scales": [0.5, 1],
+           "load_reference": "baselines", "tasks": 5}  # fmt: skip
+    [(spec, _)] = load_specs(doc, {}, "t.toml")
+    runs = spec.runs(Path("o"))
+    assert len(runs) == 2 * 2 * 2  # output scales x budgets x loads
+    assert spec.load_reference == ("fcfs", "lpm", "spf", "parrot", "autellix")
+    half = working_set("chain3", {"output_scale": 0.5})
+    by_scale = {(r.workload_params.get("output_scale", 1.0), r.kv_budget_tokens) for r in runs}
+    assert by_scale == {
+        (0.5, half.budget_tokens(ONE_AGENT)), (0.5, half.budget_tokens(1.0)),
+        (1.0, 4096 + C), (1.0, W + C),
+    }  # fmt: skip
+    # x1 names no parameter: its cells keep the identities of cells made without it
+    assert all(r.workload_params == {} for r in runs if r.kv_budget_tokens in (4096 + C, W + C))
+    # a flag's kv budgets replace the file's multiples
+    [(spec, _)] = load_specs(doc, {"kv_budgets": [20000]}, "t.toml")
+    assert spec.kv_budget_multiples == () and spec.kv_budgets == (20000,)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"kv_budget_multiples": ["two"]}, "takes positive numbers or 'one-agent', got 'two'"),
+        ({"kv_budget_multiples": [0]}, "`kv_budget_multiples`: a KV budget multiple must be"),
+        ({"kv_budget_multiples": [1, 1]}, "`kv_budget_multiples` lists a value twice"),
+        ({"kv_budget_multiples": [1], "kv_budgets": [20000]}, "either kv_budgets or kv_budget_"),
+        ({"output_scales": [0.5, -1]}, "`output_scales` must be positive numbers"),
+        ({"output_scales": ["x2"]}, "`output_scales` has a value of the wrong type"),
+        ({"output_scales": [2], "workload_params": {"chain3": {"output_scale": 2}}},
+         "sets output_scale, which `output_scales` sets"),
+        ({"load_reference": "zzz"}, "`load_reference`: unknown scheduler 'zzz'"),
+        ({"load_reference": "baselines", "loads": [], "rates": [0.1]},
+         "`load_reference` needs `loads`"),
+    ],
+)  # fmt: skip
+def test_bad_regime_axes(extra: dict[str, object], message: str) -> None:
+    doc = {"workloads": ["chain3"], "schedulers": "fcfs", "loads": [0.8]} | extra
+    with pytest.raises(TopasError) as e:
+        load_specs(doc, {}, "t.toml")
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kv-budget-multiples", "one-agent,x"], "--kv-budget-multiples: not a list"),
+        (["--kv-budget-multiples", "1", "--kv-budget", "9000"], "either kv_budgets or"),
+        (["--output-scales", "0"], "`output_scales` must be positive numbers"),
+        (["--load-reference", "fcfs,nope"], "unknown scheduler 'nope'"),
+        (["--load-reference", "lpm", "--rate", "0.1"], "`load_reference` needs `loads`"),
+    ],
+)
+def test_bad_regime_flags(tmp_path: Path, args: list[str], message: str) -> None:
+    code, output = invoke("sweep", "-w", "chain3", "-s", "fcfs", *args, "--out", tmp_path / "o")
+    assert code == 2, output
+    assert message in output and "Traceback" not in output and len(output.splitlines()) == 1
+
+
+def test_the_committed_regime_map_sweep_file_is_valid() -> None:
+    from topas_bench.sweep import read_toml
+
+    path = Path(__file__).resolve().parents[1] / "results" / "regime-map.toml"
+    [(spec, _)] = load_specs(read_toml(path), {}, str(path))
+    assert len(spec.workloads) == 5 and len(spec.seeds) >= 5
+    assert {"topas", "topas-no-pins", "topas-no-joint", "topas-no-move-stall"} <= set(
+        spec.schedulers
+    )
+    assert spec.output_scales == (0.5, 1.0, 2.0) and spec.kv_budget_multiples[0] == ONE_AGENT
+
+
+# -- the map from a tiny sweep -------------------------------------------------------------------
+@pytest.mark.slow
+def test_heat_map_and_table_from_a_two_by_two_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    out.mkdir()
+    # the reference saturations are given (measuring them is the capacity probe's business,
+    # test_sweep): lpm's is the best, so a load L runs at L x 0.1 tasks/s
+    caps = [
+        {"workload": "chain3", "workload_params": {}, "preset": "a100-qwen32b",
+         "kv_budget_tokens": b, "scheduler": s, "capacity_tps": c}
+        for b in (4096 + C, W + C) for s, c in (("fcfs", 0.06), ("lpm", 0.1))
+    ]  # fmt: skip
+    (out / CAPACITY_FILE).write_text(json.dumps({"capacities": caps}))
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        'workloads = ["chain3"]\nschedulers = ["fcfs", "lpm", "topas", "topas-no-pins"]\n'
+        'kv_budget_multiples = ["one-agent", 1.0]\nloads = [0.5, 1.0]\n'
+        'load_reference = ["fcfs", "lpm"]\nseeds = [0, 1]\ntasks = 8\n'
+    )
+    code, output = invoke("sweep", "-c", sweep, "--out", out, "-j", "1")
+    assert code == 0, output
+    assert "32 cells: 32 ran" in output
+    metas = [json.loads(p.read_text()) for p in out.rglob("run.json")]
+    assert {tuple(m["load_reference"]) for m in metas} == {("fcfs", "lpm")}
+    assert {m["identity"]["rate_per_s"] for m in metas} == {0.05, 0.1}
+    coll = collect(out)
+    assert coll.problems == []
+    assert coll.runs["group_label"].str.startswith("load ").all()
+    assert coll.runs["group_label"].str.contains("x best of fcfs/lpm").all()
+    rows = build_report(coll).rows
+    table = regime_table(coll, rows)
+    assert len(table) == 4
+    assert sorted(table["kv_multiple"].round(4).unique()) == [round(1 / 3, 4), 1.0]
+    assert set(table["best_other_mean"]) <= {"fcfs", "lpm"}
+    assert table["residency_pays"].dtype == bool
+    assert table["vs_topas-no-pins_mean"].notna().all()
+    assert (table["topas_decode_batch"] >= 1).all() and table["topas_hit_rate"].between(0, 1).all()
+    md = regime_markdown(table)
+    assert "## chain3" in md and "x0.33 (4,610)" in md and "x1.00 (12,802)" in md
+    code, output = invoke("figures", out, "--out", tmp_path / "fig")
+    assert code == 0, output
+    svg = (tmp_path / "fig" / "regime_margin_chain3.svg").read_text()
+    assert "regime map" in svg and "outputs x1: mean JCT" in svg and "residency pays" in svg
+    assert (tmp_path / "fig" / "regime.md").read_text() == md
+    assert regime_markdown(table.iloc[0:0]).startswith("No regime grid")
