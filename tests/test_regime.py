@@ -1,6 +1,6 @@
 """The regime map (issue 21): its units (KV budget multiples of the agent-prefix working set,
 loads against the best reference scheduler, output scales), their validation in sweep files
-and flags, and (slow) the heat map and table drawn from a tiny sweep of a 2 x 2 grid."""
+and flags, and (slow) the heat map, table and site slot drawn from a tiny sweep of a 2 x 2 grid."""
 
 from __future__ import annotations
 
@@ -217,3 +217,7 @@ def test_heat_map_and_table_from_a_two_by_two_sweep(tmp_path: Path) -> None:
     assert "regime map" in svg and "outputs x1: mean JCT" in svg and "residency pays" in svg
     assert (tmp_path / "fig" / "regime.md").read_text() == md
     assert regime_markdown(table.iloc[0:0]).startswith("No regime grid")
+    # the site's regime slot holds the same figure
+    code, output = invoke("site", out, "--out", tmp_path / "site")
+    assert code == 0, output
+    assert "regime_margin_chain3.png" in (tmp_path / "site" / "workload-chain3.html").read_text()
