@@ -221,3 +221,37 @@ def test_heat_map_and_table_from_a_two_by_two_sweep(tmp_path: Path) -> None:
     code, output = invoke("site", out, "--out", tmp_path / "site")
     assert code == 0, output
     assert "regime_margin_chain3.png" in (tmp_path / "site" / "workload-chain3.html").read_text()
+
+
+def test_heat_map_outlines_the_cells_where_residency_pays() -> None:
+    import pandas as pd
+
+    from topas_bench.analysis.figures import pyplot
+    from topas_bench.analysis.regime import regime_margin
+
+    cells = []
+    for budget, multiple in ((4610, 1 / 3), (12802, 1.0)):
+        for rate in (0.05, 0.1):  # a rate grid: no loads
+            pays = budget == 12802 and rate == 0.1
+            cells.append({
+                "workload": "chain3", "output_scale": 1.0, "kv_budget_tokens": budget,
+                "kv_multiple": multiple, "load": math.nan, "rate_per_s": rate, "seeds": "0,1",
+                "margin_mean": 0.1, "margin_mean_lo": 0.05, "margin_mean_hi": 0.15,
+                "margin_p99": -0.2, "margin_p99_lo": -0.3, "margin_p99_hi": 0.1,
+                "residency_pays": pays,
+            })  # fmt: skip
+    plt = pyplot()
+    fig = regime_margin(plt, pd.DataFrame(cells))
+    try:
+        mean, p99 = fig.axes[0], fig.axes[1]
+        outlined = [p for p in mean.patches if p.get_linewidth() > 2]
+        assert len(outlined) == 1 and len([p for p in p99.patches if p.get_linewidth() > 2]) == 1
+        x, y = outlined[0].get_xy()
+        assert (round(x + 0.48), round(y + 0.48)) == (1, 1)  # rate 0.1, KV 12,802
+        assert [t.get_text() for t in mean.get_xticklabels()] == ["0.05", "0.1"]
+        assert mean.get_yticklabels()[1].get_text() == "x1.00 (12,802)"
+        texts = [t.get_text() for t in p99.texts]
+        assert "-20.0%\n[-30, +10]" in texts
+        assert "rate (tasks/s)" in p99.get_xlabel()
+    finally:
+        plt.close(fig)

@@ -29,7 +29,7 @@ import pandas as pd
 
 from topas_bench.analysis.bootstrap import reduction_ci
 from topas_bench.analysis.collect import Collection
-from topas_bench.analysis.curves import regime_grids
+from topas_bench.analysis.curves import regime_grids, x_axis
 from topas_bench.analysis.plotting import suptitle
 from topas_bench.errors import TopasError
 from topas_bench.schedulers.registry import ABLATIONS
@@ -149,10 +149,12 @@ def regime_markdown(table: pd.DataFrame) -> str:
     parts = []
     for workload, w in table.groupby("workload", sort=False):
         lines = []
-        for _, r in w.sort_values(["output_scale", "kv_budget_tokens", "load"]).iterrows():
+        order = ["output_scale", "kv_budget_tokens", "load", "rate_per_s"]
+        for _, r in w.sort_values(order).iterrows():
             lines.append({
                 "out": f"x{r['output_scale']:g}", "KV (x W, tokens)": _x(r),
-                "load": f"{r['load']:g}", "best other": r["best_other_mean"],
+                "load": f"{r['load']:g}", "rate /s": f"{r['rate_per_s']:.4g}",
+                "best other": r["best_other_mean"],
                 "TOPAS mean": _pct(r["margin_mean"], r["margin_mean_lo"], r["margin_mean_hi"]),
                 "TOPAS p99": _pct(r["margin_p99"], r["margin_p99_lo"], r["margin_p99_hi"]),
                 "vs no-pins": _pct(*(r.get(f"vs_{NO_PINS}_mean{s}", math.nan)
@@ -181,7 +183,10 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
     """One workload's heat maps (module docstring)."""
     scales = sorted(w["output_scale"].unique())
     budgets = sorted(w["kv_budget_tokens"].unique())
-    loads = sorted(w["load"].unique())
+    col_x, xlabel = x_axis(w)  # load, or the rate when a cell has no load
+    if col_x == "load":  # FCFS's, or the best of the sweep's `load_reference`
+        xlabel = "load (x the reference schedulers' best saturation rate)"
+    loads = sorted(w[col_x].unique())
     fig, axes = plt.subplots(2, len(scales), squeeze=False,
                              figsize=(max(6.0, 2.0 * len(loads) * len(scales) + 2.5),
                                       2 * (0.9 * len(budgets) + 1.6)))  # fmt: skip
@@ -194,11 +199,11 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
             ax = axes[i][j]
             z = np.full((len(budgets), len(loads)), np.nan)
             for _, r in d.iterrows():
-                a, b = budgets.index(r["kv_budget_tokens"]), loads.index(r["load"])
+                a, b = budgets.index(r["kv_budget_tokens"]), loads.index(r[col_x])
                 z[a, b] = 100 * r[f"margin_{m}"]
             image = ax.imshow(z, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
             for _, r in d.iterrows():
-                a, b = budgets.index(r["kv_budget_tokens"]), loads.index(r["load"])
+                a, b = budgets.index(r["kv_budget_tokens"]), loads.index(r[col_x])
                 v, lo, hi = (100 * r[f"margin_{m}{s}"] for s in ("", "_lo", "_hi"))
                 text = "-" if math.isnan(v) else f"{v:+.1f}%\n[{lo:+.0f}, {hi:+.0f}]"
                 crosses = not (lo > 0 or hi < 0)
@@ -210,11 +215,11 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
                                                edgecolor="black", linewidth=2.2))  # fmt: skip
             for a, b in zip(*np.nonzero(np.isnan(z)), strict=True):
                 ax.text(b, a, "not run", ha="center", va="center", fontsize=8, color="gray")
-            ax.set_xticks(range(len(loads)), [f"{x:g}" for x in loads])
+            ax.set_xticks(range(len(loads)), [f"{x:.4g}" for x in loads])
             labels = [_x(d[d["kv_budget_tokens"] == y].iloc[0]) if (d["kv_budget_tokens"] == y)
                       .any() else f"{int(y):,}" for y in budgets]  # fmt: skip
             ax.set_yticks(range(len(budgets)), labels, fontsize=8)
-            ax.set(xlabel="load (x best reference saturation)" if i else "",
+            ax.set(xlabel=xlabel if i else "",
                    ylabel="KV budget (x W, tokens)" if j == 0 else "",
                    title=f"outputs x{x:g}: {m} JCT")  # fmt: skip
             ax.grid(False)

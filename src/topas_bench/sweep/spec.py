@@ -183,7 +183,7 @@ class SweepSpec:
         for w, x in itertools.product(self.workloads, self.output_scales):
             params = dict(self.workload_params.get(w, {}))
             if x != 1.0:  # x1 keeps the identities of cells made without the parameter
-                params[OUTPUT_SCALE] = x
+                params[OUTPUT_SCALE] = int(x) if x.is_integer() else x  # as a flag gives 2
             for p, b, (load, rate), c, s in itertools.product(
                 self.presets, budgets(w, params), levels, clusters, self.seeds
             ):
