@@ -255,3 +255,27 @@ def test_heat_map_outlines_the_cells_where_residency_pays() -> None:
         assert "rate (tasks/s)" in p99.get_xlabel()
     finally:
         plt.close(fig)
+
+
+def test_a_regime_sized_tree_keeps_the_load_figure_drawable() -> None:
+    import pandas as pd
+
+    from topas_bench.analysis.curves import MAX_LOAD_ROWS, vs_load
+    from topas_bench.analysis.figures import pyplot
+
+    def setting(i: int) -> tuple[str, pd.DataFrame]:
+        rows = [{"scheduler": s, "load": x, "rate_per_s": x / 10, "n_seeds": 2,
+                 **{f"{c}{e}": 10.0 + i for c in ("mean_jct_s", "p99_jct_s") for e in
+                    ("", "_lo", "_hi")}, "goodput_tps": math.nan}
+                for s in ("fcfs", "topas") for x in (0.5, 1.0)]  # fmt: skip
+        return f"chain3\nKV {i}", pd.DataFrame(rows)
+
+    plt = pyplot()
+    fig = vs_load(plt, [setting(i) for i in range(45)], {"fcfs": "C0", "topas": "C1"}, "slo")
+    try:
+        assert len(fig.axes) == 2 * MAX_LOAD_ROWS  # two panels a row (no goodput)
+        assert f"the first {MAX_LOAD_ROWS} settings, {45 - MAX_LOAD_ROWS} more not drawn" in (
+            fig._suptitle.get_text().replace("\n", " ")
+        )
+    finally:
+        plt.close(fig)
