@@ -23,7 +23,7 @@ from topas_bench.analysis.plotting import engine_of, legend_right, split_label, 
 
 METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
 #: The most panels a CDF figure, and rows a load-curve figure, draws: a large grid (the regime
-#: map's 225 settings per workload) would otherwise make a figure too large to render.
+#: map's 225 settings per workload) would otherwise make a figure over 1,000 inches wide.
 MAX_CDF_PANELS = 8
 MAX_LOAD_ROWS = 16
 
