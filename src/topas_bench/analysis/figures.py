@@ -13,7 +13,8 @@ setting of several, which ones it leaves out.
 - `ablation`: TOPAS and its ablations, mean and p99 JCT in seconds from zero, with intervals;
 - `requests`: p99 TTFT, mean TPOT, mean queueing delay and goodput (its SLO named) per
   scheduler;
-- `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group;
+- `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group
+  (at most `curves.MAX_CDF_PANELS`; `jct_vs_load` at most `curves.MAX_LOAD_ROWS` rows);
   schedulers with identical JCTs share one line and one legend entry (`curves`);
 - `stage_latency_<workload>`: mean latency per stage kind and scheduler (main group);
 - `timeline_<workload>`: TOPAS against the best baselines over one run (`timeline`);
