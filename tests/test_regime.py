@@ -279,3 +279,23 @@ def test_a_regime_sized_tree_keeps_the_load_figure_drawable() -> None:
         )
     finally:
         plt.close(fig)
+
+
+@pytest.mark.parametrize("workload", ["metagpt-sop", "metagpt-tl"])
+def test_one_calls_need_bounds_every_seeds_calls(workload: str) -> None:
+    """C is read with every drawn length at its range's high end, so no call of another seed
+    needs more beyond its prefix (read from a plain sample, C was up to 2% short on these two) and
+    every call fits the grid's smallest budget (the sweep plans every group before any cell
+    runs: one call too large would stop it)."""
+    from topas_bench.runners.sim.config import check_fits, least_tokens
+    from topas_bench.workloads.model import agent_key
+
+    for scale in (0.5, 1.0, 2.0):
+        params = {"output_scale": scale} if scale != 1.0 else {}
+        ws = working_set(workload, params)
+        for seed in range(5):
+            w = generate(workload, num_tasks=80, seed=seed, **params)
+            for _, s in w.stages():
+                own = s.prompt[0].tokens if s.prompt[0].key == agent_key(s.agent) else 0
+                assert least_tokens(s) - own <= ws.call_tokens, (scale, seed, s.id)
+            check_fits(w, ws.budget_tokens(ONE_AGENT))

@@ -2,7 +2,8 @@
 loads as fractions of the best reference scheduler's saturation rate.
 
 Working set (`WorkingSet`), read from a `PROBE_TASKS`-task sample of the workload (seed 0, its
-parameters, at any rate: contents do not depend on it):
+parameters, every token range at its high end, so that drawn lengths are their largest; at
+any rate: contents do not depend on it):
 
 - ``prefix_tokens`` W: the sum of every agent's prefix (`Agent.prefix_tokens`), what keeping
   every agent resident costs;
@@ -12,8 +13,9 @@ parameters, at any rate: contents do not depend on it):
 - a budget multiple m is ``ceil(m x W) + C`` tokens: m = 1 is "all fit" (every prefix resident
   and room for one more call), ``"one-agent"`` is m = largest prefix / W, i.e. the largest
   prefix plus one call's need ("one agent fits"). Every call of the sample fits the smallest
-  budget; a call of another sample larger than any of the probe's is refused with
-  `check_fits`'s message.
+  budget, and so does every call of a sample with the ranges as given, whose lengths are
+  drawn within them (tests/test_regime.py checks seeds 0-4 of the MetaGPT workloads at every
+  output scale); a call larger than C would be refused with `check_fits`'s message.
 
 Load: a load F against reference schedulers R is F x max over R of each one's saturation
 rate (`experiment.measure_capacity`: the rate at which its mean JCT reaches 3x the unloaded
@@ -82,7 +84,13 @@ def working_set(workload: str, params: Mapping[str, Any] | None = None) -> Worki
 def _working_set(workload: str, params_json: str) -> WorkingSet:
     from topas_bench.workloads.registry import generate
 
-    w = generate(workload, num_tasks=PROBE_TASKS, seed=0, **json.loads(params_json))
+    given = json.loads(params_json)
+    highs = {  # every token range (a family's (low, high) parameter) at its high end
+        k: [v[1], v[1]]
+        for k, v in generate(workload, num_tasks=1, seed=0, **given).params.items()
+        if isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v)
+    }
+    w = generate(workload, num_tasks=PROBE_TASKS, seed=0, **(given | highs))
     prefixes = {a.name: a.prefix_tokens for a in w.agents}
     if not prefixes or sum(prefixes.values()) < 1:
         raise TopasError(
