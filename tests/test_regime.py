@@ -119,6 +119,9 @@ def test_sweep_axes_in_regime_units() -> None:
     # a flag's kv budgets replace the file's multiples
     [(spec, _)] = load_specs(doc, {"kv_budgets": [20000]}, "t.toml")
     assert spec.kv_budget_multiples == () and spec.kv_budgets == (20000,)
+    # a flag's rates replace the file's loads, and their reference with them
+    [(spec, _)] = load_specs(doc, {"rates": [0.1]}, "t.toml")
+    assert spec.rates == (0.1,) and spec.load_reference == ("fcfs",)
 
 
 @pytest.mark.parametrize(

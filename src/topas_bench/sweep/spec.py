@@ -221,8 +221,9 @@ def load_specs(
     """The sweeps of a parsed TOML document, flags overriding it; each with its `out` or None.
 
     Flags that were given (not None) override the file's top-level keys and every `[[sweep]]`
-    entry; a `loads` flag replaces the file's `rates` and vice versa, and a `workloads` flag
-    drops the file's `workload_params` of workloads it leaves out."""
+    entry; a `loads` flag replaces the file's `rates` and vice versa (`rates` drop its
+    `load_reference` too), `kv_budgets` its `kv_budget_multiples` and vice versa, and a
+    `workloads` flag drops the file's `workload_params` of workloads it leaves out."""
     given = {k: v for k, v in flags.items() if v is not None}
     base = {k: v for k, v in doc.items() if k != "sweep"}
     entries = doc.get("sweep", [{}])
@@ -239,6 +240,8 @@ def load_specs(
                      ("kv_budget_multiples", "kv_budgets")):  # fmt: skip
             if a in given:
                 merged.pop(b, None)
+        if "rates" in given and "load_reference" not in given:
+            merged.pop("load_reference", None)  # rates have no reference
         params = merged.get("workload_params")
         if "workloads" in given and isinstance(params, dict):
             names = given["workloads"]
