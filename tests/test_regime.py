@@ -173,6 +173,9 @@ def test_the_committed_regime_map_sweep_file_is_valid() -> None:
         spec.schedulers
     )
     assert spec.output_scales == (0.5, 1.0, 2.0) and spec.kv_budget_multiples[0] == ONE_AGENT
+    runs = spec.runs(Path("o"))  # every group a valid run specification
+    assert len(runs) == 5 * 5 * 3 * 3 * len(spec.seeds)
+    assert len({(r.workload, r.kv_budget_tokens) for r in runs}) == 5 * 5 * 3
 
 
 # -- the map from a tiny sweep -------------------------------------------------------------------
