@@ -196,6 +196,27 @@ def sweep(
             "--kv-budget", help="KV budgets in tokens, comma-separated; `derived` = the preset's."
         ),
     ] = None,
+    kv_budget_multiples: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-budget-multiples",
+            help="KV budgets as multiples of each workload's agent-prefix working set, "
+            "comma-separated; `one-agent` = the largest prefix plus one call (instead of "
+            "--kv-budget).",
+        ),
+    ] = None,
+    output_scales: Annotated[
+        str | None,
+        typer.Option("--output-scales", help="Output-length factors, comma-separated (0.5,1,2)."),
+    ] = None,
+    load_reference: Annotated[
+        str | None,
+        typer.Option(
+            "--load-reference",
+            help="Schedulers or groups whose best saturation rate a load is a fraction of "
+            "(default: fcfs, the measured capacity).",
+        ),
+    ] = None,
     tasks: Annotated[int | None, typer.Option("--tasks", "-n", help="Tasks per run.")] = None,
     length_hint: Annotated[str | None, typer.Option(help="`none` or `oracle`.")] = None,
     host_tier_tokens: Annotated[int | None, typer.Option(help="Host KV tier, tokens.")] = None,
@@ -247,6 +268,7 @@ def sweep(
       topas-bench sweep --config results/reference.toml --out results/reference
       topas-bench sweep -c sweep.toml --executor ray --address 127.0.0.1:6379
       topas-bench sweep -w metagpt-tl -s fcfs,topas --replicas 1,2,4 --router cache-aware -n 100
+      topas-bench sweep -c results/regime-map.toml --out runs/regime-map
     """
     from topas_bench.cli_progress import SweepBars
     from topas_bench.sweep import load_specs, read_toml, run_sweep
@@ -260,6 +282,9 @@ def sweep(
         "seeds": _listed(seeds, "--seeds", int),
         "presets": preset.split(",") if preset else None,
         "kv_budgets": _budgets(kv_budget) if kv_budget else None,
+        "kv_budget_multiples": _multiples(kv_budget_multiples) if kv_budget_multiples else None,
+        "output_scales": _listed(output_scales, "--output-scales", float),
+        "load_reference": load_reference,
         "tasks": tasks,
         "length_hint": length_hint,
         "host_tier_tokens": host_tier_tokens,
@@ -292,6 +317,15 @@ def sweep(
     if result.failed:
         raise typer.Exit(1)
     out.print(f"next: topas-bench report {target}")
+
+
+def _multiples(text: str) -> list[Any]:
+    from topas_bench.sweep import parse_list
+    from topas_bench.sweep.units import ONE_AGENT
+
+    parts = [p.strip() for p in text.split(",")]
+    flag = "--kv-budget-multiples"
+    return [p if p == ONE_AGENT else parse_list(p, flag, float)[0] for p in parts]
 
 
 def _budgets(text: str) -> list[Any]:

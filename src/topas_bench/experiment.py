@@ -43,7 +43,8 @@ def plan_run(
     progress: Progress | None = None,
 ) -> RunPlan:
     """The plan of `spec` (module docstring). A load's capacity is measured unless given
-    (`capacity_tps`: a sweep measures its groups' in parallel and keeps them). With a cluster
+    (`capacity_tps`: a sweep measures its groups' in parallel and keeps them): the best
+    saturation rate of `spec.load_reference` (FCFS's by default). With a cluster
     a load, and the workload's default rate, are per replica: the Poisson rate is N times a
     single server's (a trace file still keeps its own arrival times). `check_size` estimates
     a simulated run of more than `sizing.ESTIMATE_ABOVE_TASKS` tasks first and refuses one too
@@ -62,7 +63,10 @@ def plan_run(
     if spec.load is not None:
         capacity = capacity_tps
         if capacity is None:
-            capacity = measure_capacity(workload, tuple(sorted(wparams.items())), pre, budget)
+            named = tuple(sorted(wparams.items()))
+            capacity = max(
+                measure_capacity(workload, named, pre, budget, s) for s in spec.load_reference
+            )
         rate = spec.load * capacity * spec.replicas
     else:
         own = workload == "trace"  # a trace file keeps its own arrival times
@@ -92,7 +96,8 @@ def plan_run(
         workload=w, workload_name=workload, workload_params=wparams,
         schedulers=spec.schedulers, scheduler_params=spec.scheduler_params,
         num_tasks=num_tasks, seed=spec.seed, rate_per_s=rate, load=spec.load,
-        capacity_tps=capacity, preset=pre, kv_budget_tokens=budget,
+        capacity_tps=capacity, load_reference=spec.load_reference, preset=pre,
+        kv_budget_tokens=budget,
         kv_budget_derived=given_budget is None, sim=sim, out=spec.out, options=spec.engine,
         cluster=spec.cluster,
     )  # fmt: skip

@@ -89,6 +89,7 @@ def _store(plan: RunPlan, cell: Cell, served: Served, digest: str) -> CellResult
         "wall_s": served.wall_s,
         "load": plan.load,
         "capacity_tps": plan.capacity_tps,
+        **({"load_reference": list(plan.load_reference)} if plan.load is not None else {}),
         "workload_digest": digest,
         **served.info,
     }

@@ -32,6 +32,8 @@ from topas_bench.workloads.trace_parse import MAX_TOKENS
 #: An engine's own settings (`runners.engines.Engine.options`).
 EngineOptions = SimOptions | ReferenceOptions | SglangOptions
 DEFAULT_PRESET = "a100-qwen32b"
+#: What a load is a fraction of by default: FCFS's saturation rate (its measured capacity).
+DEFAULT_LOAD_REFERENCE: tuple[str, ...] = ("fcfs",)
 
 #: Named groups accepted by `--scheduler`.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -78,7 +80,8 @@ class RunSpec:
         name, checked by building each policy once here.
     num_tasks: None takes the workload's default (200; a trace file: all of its tasks).
     rate_per_s or load (a fraction of the measured capacity), or neither (the workload's
-        default rate); with a cluster both are per replica.
+        default rate); with a cluster both are per replica. load_reference: the schedulers
+        whose best saturation rate a load is a fraction of (`sweep.units`; default FCFS's).
     preset: a name or a preset file; kv_budget_tokens: None takes the preset's derived budget.
     cluster: N replicas behind a router, or None (one server).
     engine: the engine and its own settings.
@@ -91,6 +94,7 @@ class RunSpec:
     seed: int = 0
     rate_per_s: float | None = None
     load: float | None = None
+    load_reference: tuple[str, ...] = DEFAULT_LOAD_REFERENCE
     preset: str = DEFAULT_PRESET
     kv_budget_tokens: int | None = None
     workload_params: Mapping[str, Any] = field(default_factory=dict)
@@ -102,6 +106,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "schedulers", tuple(self.schedulers))
+        set_(self, "load_reference", tuple(self.load_reference))
         set_(self, "workload_params", dict(self.workload_params))
         set_(self, "scheduler_params", {k: dict(v) for k, v in self.scheduler_params.items()})
         if not self.schedulers:
@@ -116,6 +121,12 @@ class RunSpec:
         for name, value in (("--rate", self.rate_per_s), ("--load", self.load)):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise TopasError(f"{name} must be a positive number, got {value}")
+        if not self.load_reference or len(set(self.load_reference)) != len(self.load_reference):
+            raise TopasError(
+                f"load_reference must name distinct schedulers, got {list(self.load_reference)}"
+            )
+        for name in self.load_reference:
+            SCHEDULERS.get(name)  # an unknown name: raises with the known names
         budget = self.kv_budget_tokens
         if budget is not None and not 1 <= budget <= MAX_TOKENS:
             raise TopasError(

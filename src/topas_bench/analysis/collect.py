@@ -137,7 +137,7 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
     load = meta.get("load")
     return {
         "group": key,
-        "group_label": group_label(ident, load),
+        "group_label": group_label(ident, load, meta.get("load_reference")),
         "workload": workload_label(ident),
         "engine": ident.engine,
         "max_tokens": lengths.describe(ident.workload, ident.workload_params),
@@ -192,11 +192,14 @@ def scheduler_label(name: str, params: dict[str, Any]) -> str:
     return name + "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(params.items())) + "]"
 
 
-def group_label(ident: RunIdentity, load: Any) -> str:
+def group_label(ident: RunIdentity, load: Any, reference: Any = None) -> str:
     """``load 0.8, rate 0.2266/s, a100-qwen32b, KV 18,692, 60 tasks, max_tokens=exact``: the
     length setting always (`lengths.describe`; a cell that names none used the legacy one),
-    then any other workload and engine parameter."""
+    then any other workload and engine parameter. A load against other reference schedulers
+    than FCFS names them: ``load 0.8 x best of fcfs/lpm/spf``."""
     parts = [f"load {float(load):g}"] if load is not None else []
+    if parts and isinstance(reference, list) and reference and reference != ["fcfs"]:
+        parts[0] += " x best of " + "/".join(str(r) for r in reference)
     parts.append(f"rate {ident.rate_per_s:.4g}/s")
     parts += [ident.preset, f"KV {ident.kv_budget_tokens:,}", f"{ident.num_tasks} tasks"]
     parts.append(lengths.describe(ident.workload, ident.workload_params))

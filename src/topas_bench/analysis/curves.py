@@ -22,6 +22,10 @@ from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.plotting import engine_of, legend_right, split_label, suptitle
 
 METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
+#: The most panels a CDF figure, and rows a load-curve figure, draws: a large grid (the regime
+#: map's 225 settings per workload) would otherwise make a figure over 1,000 inches wide.
+MAX_CDF_PANELS = 8
+MAX_LOAD_ROWS = 16
 
 
 def _without(label: str, prefixes: tuple[str, ...]) -> str:
@@ -57,7 +61,10 @@ def load_settings(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 def vs_load(
     plt: Any, settings: list[tuple[str, pd.DataFrame]], palette: dict[str, Any], slo: str
 ) -> Any:
-    """One row per setting: mean JCT, p99 JCT and goodput against load (or rate)."""
+    """One row per setting: mean JCT, p99 JCT and goodput against load (or rate); the first
+    `MAX_LOAD_ROWS` settings, the title saying how many were left out."""
+    left_out = max(0, len(settings) - MAX_LOAD_ROWS)
+    settings = settings[:MAX_LOAD_ROWS]
     panels = [("mean_jct_s", "mean JCT (s)"), ("p99_jct_s", "p99 JCT (s)")]
     if any(d["goodput_tps"].notna().any() for _, d in settings):
         panels.append(("goodput_tps", "goodput (tasks/s meeting the SLO)"))
@@ -87,7 +94,9 @@ def vs_load(
     n = sorted({int(x) for _, d in settings for x in d["n_seeds"]})
     suptitle(fig, "JCT and goodput against load, one row per setting\nerror bars: 95% "
              f"percentile-bootstrap interval over {'/'.join(map(str, n))} seeds; goodput: "
-             f"tasks/s that met the SLO, {slo}")  # fmt: skip
+             f"tasks/s that met the SLO, {slo}"
+             + (f"; the first {MAX_LOAD_ROWS} settings, {left_out} more not drawn"
+                if left_out else ""))  # fmt: skip
     return fig
 
 
@@ -109,6 +118,8 @@ def cdf(
     plt: Any, coll: Collection, rows: pd.DataFrame, palette: dict[str, Any], shown: tuple[str, ...]
 ) -> Any:
     groups = list(rows.groupby("group", sort=False))
+    left_out = max(0, len(groups) - MAX_CDF_PANELS)
+    groups = groups[:MAX_CDF_PANELS]
     fig, axes = plt.subplots(1, len(groups), figsize=(max(7.0, 4.6 * len(groups)), 4.6),
                              squeeze=False)  # fmt: skip
     identical = False
@@ -131,6 +142,8 @@ def cdf(
         ax.set_title(textwrap.fill(str(g.iloc[0]["group_label"]), 48), fontsize=9)
         ax.legend(fontsize=8, loc="lower right")
     note = "; schedulers with identical JCTs share one line" if identical else ""
+    if left_out:
+        note += f"; the first {MAX_CDF_PANELS} settings, {left_out} more not drawn"
     engines = ", ".join(sorted({engine_of(r) for _, r in rows.iterrows()}))
     suptitle(fig, f"{rows.iloc[0]['workload']}: JCT CDF (tasks of every seed pooled), "
              f"{engines}{note}")  # fmt: skip

@@ -13,11 +13,15 @@ setting of several, which ones it leaves out.
 - `ablation`: TOPAS and its ablations, mean and p99 JCT in seconds from zero, with intervals;
 - `requests`: p99 TTFT, mean TPOT, mean queueing delay and goodput (its SLO named) per
   scheduler;
-- `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group;
+- `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group
+  (at most `curves.MAX_CDF_PANELS`; `jct_vs_load` at most `curves.MAX_LOAD_ROWS` rows);
   schedulers with identical JCTs share one line and one legend entry (`curves`);
 - `stage_latency_<workload>`: mean latency per stage kind and scheduler (main group);
 - `timeline_<workload>`: TOPAS against the best baselines over one run (`timeline`);
 - `regime_<workload>`: with a load x KV-budget grid, TOPAS's reduction per cell (`curves`);
+- `regime_margin_<workload>` (and `regime.csv`, `regime.md`): with such a grid, TOPAS's margin
+  over the best other scheduler per (output scale, KV multiple, load) cell, the cells where
+  residency pays outlined, and the mechanism per cell (`regime`);
 - `cluster_jct_vs_replicas` (and `cluster.csv`): for trees with simulated clusters, mean JCT
   against replicas per router x scheduler (`cluster`).
 
@@ -45,6 +49,7 @@ from topas_bench.analysis.plotting import (
     setting_title,
     suptitle,
 )
+from topas_bench.analysis.regime import regime_margin, regime_markdown, regime_table
 from topas_bench.analysis.report import Report, scheduler_order
 from topas_bench.analysis.timeline import timeline_figure
 from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, SCHEDULERS
@@ -86,6 +91,13 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
         for grid in regime_grids(groups):
             keep(regime_map(plt, grid), f"regime_{workload}")
             break
+    table = regime_table(coll, rows)
+    if not table.empty:
+        for workload, w in table.groupby("workload", sort=False):
+            keep(regime_margin(plt, w), f"regime_margin_{workload}")
+        table.drop(columns="group").to_csv(out / "regime.csv", index=False, float_format="%.6g")
+        (out / "regime.md").write_text(regime_markdown(table))
+        written += [out / "regime.csv", out / "regime.md"]
     for _, row in main.drop_duplicates("workload").iterrows():
         stages = rep.stages[rep.stages["group"] == row["group"]]
         if not stages.empty:

@@ -10,9 +10,11 @@ one is run again and reported in `SweepResult.redone`.
 Every group (a `spec.RunSpec`) is planned here, once (`plan_run`): the workload is sampled once,
 and its canonical trace text travels to the worker with each cell (never a pickle), so every
 scheduler of a group runs on the same tasks; the worker checks the sample's digest. A load
-needs the workload's measured capacity: it is measured once per (workload, params, preset, KV
-budget) on the executor, before the cells, and kept in `OUT/capacity.json` so a resumed sweep
-uses the same rates (`force` measures again).
+needs the workload's measured capacity: the saturation rate of each of the run's reference
+schedulers (`RunSpec.load_reference`, FCFS by default; the best of them is the reference,
+`units.reference_rate`) is measured once per (workload, params, preset, KV budget, scheduler)
+on the executor, before the cells, and kept in `OUT/capacity.json` so a resumed sweep uses
+the same rates (`force` measures again).
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.spec import RunSpec
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import SweepSpec
+from topas_bench.sweep.units import reference_rate
 from topas_bench.workloads.lengths import generation_params
 from topas_bench.workloads.registry import identity_params, resolve, run_defaults
 from topas_bench.workloads.trace import dumps_workload, loads_workload
 
 CAPACITY_FILE = "capacity.json"
 
-#: workload, params JSON, preset (its `Preset.name`: a file's carries its content hash), KV budget
-CapacityKey = tuple[str, str, str, int]
+#: workload, params JSON, preset (its `Preset.name`: a file's carries its content hash), KV
+#: budget, the scheduler whose saturation rate it is
+CapacityKey = tuple[str, str, str, int, str]
 
 
 @dataclass(frozen=True)
@@ -134,11 +138,11 @@ def compact_tables(run_dir: Path) -> None:
 
 
 def measure_capacity_job(job: CapacityJob) -> CapacityOutcome:
-    workload, params, _, budget = job.key
+    workload, params, _, budget, scheduler = job.key
     try:
         named = generation_params(resolve(workload, json.loads(params))[0], json.loads(params))
         params_t = tuple(sorted(named.items()))
-        cap = measure_capacity(workload, params_t, job.preset, budget)
+        cap = measure_capacity(workload, params_t, job.preset, budget, scheduler)
     except Exception as e:
         return CapacityOutcome(job.key, None, f"{type(e).__name__}: {e}")
     return CapacityOutcome(job.key, cap)
@@ -239,12 +243,12 @@ def _check_size(
         probes: dict[tuple[CapacityKey, tuple[str, ...]], Probe] = {}
         sized = []
         for (spec, run), size in zip(runs, sizes, strict=True):
-            cap = caps.get(_cap_key(run))
+            cap = _reference(run, caps) if run.load is not None else None
             rate = run.load * cap if run.load is not None and cap is not None else run.rate_per_s
             if rate is not None and run.load is None and run.cluster is not None:
                 rate /= run.replicas  # probed on one server, at its share of a cluster's rate
             names = spec.schedulers if with_schedulers else ()
-            key = (_cap_key(run), names)
+            key = (_cap_key(run, "-"), names)
             if key not in probes:
                 probes[key] = probe(
                     run.workload, run.workload_params, rate, run.seed, names, run.preset,
@@ -263,12 +267,17 @@ def _budget(run: RunSpec) -> int:
     return load_preset(run.preset).derived_kv_budget_tokens
 
 
-def _cap_key(run: RunSpec) -> CapacityKey:
-    """(workload, its identity's parameters as JSON, preset, KV budget): the length setting is
-    named as in a cell's identity, so capacities of different settings never mix, and those
-    measured before the setting existed (legacy ``exact``) stay valid."""
+def _cap_key(run: RunSpec, scheduler: str) -> CapacityKey:
+    """(workload, its identity's parameters as JSON, preset, KV budget, scheduler): the length
+    setting is named as in a cell's identity, so capacities of different settings never mix,
+    and those measured before the setting existed (legacy ``exact``) stay valid."""
     params = json.dumps(identity_params(run.workload, run.workload_params), sort_keys=True)
-    return (run.workload, params, load_preset(run.preset).name, _budget(run))
+    return (run.workload, params, load_preset(run.preset).name, _budget(run), scheduler)
+
+
+def _reference(run: RunSpec, caps: Mapping[CapacityKey, float]) -> float:
+    """The rate a load of `run` is a fraction of: its reference schedulers' best saturation."""
+    return reference_rate({s: caps[_cap_key(run, s)] for s in run.load_reference})[1]
 
 
 def _capacities(
@@ -277,7 +286,10 @@ def _capacities(
     path = out / CAPACITY_FILE
     known = {} if force else _read_capacities(path)
     presets: dict[CapacityKey, Preset] = {
-        _cap_key(run): load_preset(run.preset) for run in runs if run.load is not None
+        _cap_key(run, s): load_preset(run.preset)
+        for run in runs
+        if run.load is not None
+        for s in run.load_reference
     }
     need = sorted(set(presets) - set(known))
     if not need:
@@ -286,9 +298,11 @@ def _capacities(
     jobs = [CapacityJob(k, presets[k]) for k in need]
     for i, res in enumerate(ex.imap_unordered(measure_capacity_job, jobs)):
         if res.capacity_tps is None:
-            raise TopasError(f"measuring the capacity of {res.key[0]} failed: {res.error}")
+            raise TopasError(
+                f"measuring the capacity of {res.key[0]} under {res.key[4]} failed: {res.error}"
+            )
         known[res.key] = res.capacity_tps
-        progress.update("capacity", i + 1, res.key[0])
+        progress.update("capacity", i + 1, f"{res.key[0]}/{res.key[4]}")
     _write_capacities(path, known)
     return known
 
@@ -300,7 +314,7 @@ def _read_capacities(path: Path) -> dict[CapacityKey, float]:
         rows = json.loads(path.read_text())["capacities"]
         return {
             (r["workload"], json.dumps(r["workload_params"], sort_keys=True), r["preset"],
-             int(r["kv_budget_tokens"])): float(r["capacity_tps"])
+             int(r["kv_budget_tokens"]), str(r.get("scheduler", "fcfs"))): float(r["capacity_tps"])
             for r in rows
         }  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
@@ -312,8 +326,8 @@ def _read_capacities(path: Path) -> dict[CapacityKey, float]:
 def _write_capacities(path: Path, caps: Mapping[CapacityKey, float]) -> None:
     rows = [
         {"workload": w, "workload_params": json.loads(p), "preset": pr,
-         "kv_budget_tokens": b, "capacity_tps": c}
-        for (w, p, pr, b), c in sorted(caps.items())
+         "kv_budget_tokens": b, "scheduler": s, "capacity_tps": c}
+        for (w, p, pr, b, s), c in sorted(caps.items())
     ]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
@@ -325,7 +339,7 @@ def _plans(runs: Sequence[RunSpec], caps: Mapping[CapacityKey, float]) -> list[t
     """Every cell as (its group's plan, scheduler), each distinct run directory once."""
     cells: dict[Path, tuple[RunPlan, str]] = {}
     for run in runs:
-        cap = caps[_cap_key(run)] if run.load is not None else None
+        cap = _reference(run, caps) if run.load is not None else None
         plan = plan_run(run, capacity_tps=cap)
         for s in plan.schedulers:
             cells.setdefault(plan.identity(s).run_dir(run.out), (plan, s))

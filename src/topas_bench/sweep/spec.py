@@ -1,4 +1,5 @@
-"""What a sweep covers: schedulers x workloads x loads (or rates) x seeds x presets x KV budgets.
+"""What a sweep covers: schedulers x workloads x output scales x loads (or rates) x seeds x
+presets x KV budgets.
 
 Each group of the product is a run specification (`SweepSpec.runs`: a `spec.RunSpec`, as
 `topas-bench run` takes), planned and run as `run` plans and runs its own.
@@ -32,6 +33,13 @@ default rate), presets, kv_budgets (tokens, or "derived" for the preset's), task
 scheduler_params (tables keyed by workload / scheduler name), out. An unknown key, a value of
 the wrong type or an unknown name is a `TopasError` naming the file and key.
 
+The regime map's axes (`units`; docs/evaluation.md, "Regime map: how to run it"):
+`kv_budget_multiples` (instead of kv_budgets: multiples of each workload's agent-prefix working
+set, numbers or "one-agent"; m -> ceil(m x W) + C tokens, `units.WorkingSet`), `output_scales`
+(every call's output times each, the workload parameter `output_scale`; 1 = as generated) and
+`load_reference` (the schedulers, names or groups, whose best saturation rate a load is a
+fraction of; default FCFS, the measured capacity; needs `loads`).
+
 Clusters (docs/cluster.md): `replicas` (replica counts; absent = one server, no router) and
 `routers` (router names, default sglang-router's `cache-aware`; needs `replicas`) are two more
 dimensions, `router_params` their parameters (tables keyed by router name). A load, and the
@@ -51,13 +59,15 @@ from typing import Any
 from topas_bench.errors import TopasError
 from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.sim.config import LengthHint, SimOptions
-from topas_bench.spec import DEFAULT_PRESET, RunSpec, parse_schedulers
-from topas_bench.workloads.registry import run_defaults
+from topas_bench.spec import DEFAULT_LOAD_REFERENCE, DEFAULT_PRESET, RunSpec, parse_schedulers
+from topas_bench.sweep.units import ONE_AGENT, Multiple, check_multiple, working_set
+from topas_bench.workloads.registry import OUTPUT_SCALE, run_defaults
 
 KEYS = (
     "workloads", "schedulers", "seeds", "loads", "rates", "presets", "kv_budgets", "tasks",
     "length_hint", "host_tier_tokens", "workload_params", "scheduler_params", "out",
-    "replicas", "routers", "router_params", "tasks_per_replica",
+    "replicas", "routers", "router_params", "tasks_per_replica", "kv_budget_multiples",
+    "output_scales", "load_reference",
 )  # fmt: skip
 
 
@@ -79,14 +89,36 @@ class SweepSpec:
     routers: tuple[str, ...] = ()
     router_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tasks_per_replica: bool = False
+    kv_budget_multiples: tuple[Multiple, ...] = ()
+    output_scales: tuple[float, ...] = (1.0,)
+    load_reference: tuple[str, ...] = DEFAULT_LOAD_REFERENCE
 
     def __post_init__(self) -> None:
-        for name in ("workloads", "schedulers", "seeds", "presets", "kv_budgets"):
+        for name in ("workloads", "schedulers", "seeds", "presets", "kv_budgets", "output_scales",
+                     "load_reference"):  # fmt: skip
             values = getattr(self, name)
             if not values:
                 raise TopasError(f"sweep: `{name}` is empty")
             if len(set(values)) != len(values):
                 raise TopasError(f"sweep: `{name}` lists a value twice: {list(values)}")
+        multiples = list(self.kv_budget_multiples)
+        if len(set(multiples)) != len(multiples):
+            raise TopasError(f"sweep: `kv_budget_multiples` lists a value twice: {multiples}")
+        for m in self.kv_budget_multiples:
+            try:
+                check_multiple(m)
+            except TopasError as e:
+                raise TopasError(f"sweep: `kv_budget_multiples`: {e}") from None
+        if self.kv_budget_multiples and self.kv_budgets != (None,):
+            raise TopasError("sweep: give either kv_budgets or kv_budget_multiples, not both")
+        if any(not (0 < x < float("inf")) for x in self.output_scales):
+            raise TopasError("sweep: `output_scales` must be positive numbers")
+        given_scale = [w for w, p in self.workload_params.items() if OUTPUT_SCALE in p]
+        if given_scale and self.output_scales != (1.0,):
+            raise TopasError(f"sweep: `workload_params` of {given_scale[0]!r} sets "
+                             f"{OUTPUT_SCALE}, which `output_scales` sets")  # fmt: skip
+        if self.load_reference != DEFAULT_LOAD_REFERENCE and not self.loads:
+            raise TopasError("sweep: `load_reference` needs `loads`")
         if self.loads and self.rates:
             raise TopasError("sweep: give either loads or rates, not both")
         for name in ("loads", "rates"):
@@ -119,10 +151,12 @@ class SweepSpec:
                 raise TopasError(f"sweep: `{key}` for {extra[0]!r}, which is not in this sweep")
 
     def runs(self, out: Path) -> list[RunSpec]:
-        """Every group of the sweep (workload x preset x budget x load or rate x cluster x
-        seed, in that nesting) as the run of all its schedulers on one workload sample. A
-        group's tasks: `tasks` (or the workload's default), times the replicas with
-        `tasks_per_replica` (the default is read from a trace file)."""
+        """Every group of the sweep (workload x output scale x preset x budget x load or rate x
+        cluster x seed, in that nesting) as the run of all its schedulers on one workload
+        sample. A group's tasks: `tasks` (or the workload's default), times the replicas with
+        `tasks_per_replica` (the default is read from a trace file). Budget multiples become
+        tokens per workload and output scale (`units.working_set`, which samples the
+        workload)."""
         levels: list[tuple[float | None, float | None]] = (
             [(x, None) for x in self.loads] or [(None, x) for x in self.rates] or [(None, None)]
         )
@@ -139,17 +173,27 @@ class SweepSpec:
             params = self.workload_params.get(workload, {})
             return (self.num_tasks or run_defaults(workload, params)[0]) * cluster.replicas
 
+        def budgets(workload: str, params: Mapping[str, Any]) -> list[int | None]:
+            if not self.kv_budget_multiples:
+                return list(self.kv_budgets)
+            ws = working_set(workload, params)
+            return list(dict.fromkeys(ws.budget_tokens(m) for m in self.kv_budget_multiples))
+
         runs = []
-        for w, p, b, (load, rate), c, s in itertools.product(
-            self.workloads, self.presets, self.kv_budgets, levels, clusters, self.seeds
-        ):
-            params = self.workload_params.get(w, {})
-            run = RunSpec(
-                workload=w, schedulers=self.schedulers, num_tasks=tasks(w, c), seed=s,
-                rate_per_s=rate, load=load, preset=p, kv_budget_tokens=b, workload_params=params,
-                scheduler_params=self.scheduler_params, cluster=c, engine=engine, out=out,
-            )  # fmt: skip
-            runs.append(run)
+        for w, x in itertools.product(self.workloads, self.output_scales):
+            params = dict(self.workload_params.get(w, {}))
+            if x != 1.0:  # x1 keeps the identities of cells made without the parameter
+                params[OUTPUT_SCALE] = int(x) if x.is_integer() else x  # as a flag gives 2
+            for p, b, (load, rate), c, s in itertools.product(
+                self.presets, budgets(w, params), levels, clusters, self.seeds
+            ):
+                run = RunSpec(
+                    workload=w, schedulers=self.schedulers, num_tasks=tasks(w, c), seed=s,
+                    rate_per_s=rate, load=load, load_reference=self.load_reference, preset=p,
+                    kv_budget_tokens=b, workload_params=params,
+                    scheduler_params=self.scheduler_params, cluster=c, engine=engine, out=out,
+                )  # fmt: skip
+                runs.append(run)
         return runs
 
     def cluster_routers(self) -> tuple[str, ...]:
@@ -177,8 +221,9 @@ def load_specs(
     """The sweeps of a parsed TOML document, flags overriding it; each with its `out` or None.
 
     Flags that were given (not None) override the file's top-level keys and every `[[sweep]]`
-    entry; a `loads` flag replaces the file's `rates` and vice versa, and a `workloads` flag
-    drops the file's `workload_params` of workloads it leaves out."""
+    entry; a `loads` flag replaces the file's `rates` and vice versa (`rates` drop its
+    `load_reference` too), `kv_budgets` its `kv_budget_multiples` and vice versa, and a
+    `workloads` flag drops the file's `workload_params` of workloads it leaves out."""
     given = {k: v for k, v in flags.items() if v is not None}
     base = {k: v for k, v in doc.items() if k != "sweep"}
     entries = doc.get("sweep", [{}])
@@ -191,9 +236,12 @@ def load_specs(
     specs = []
     for entry in entries:
         merged = base | entry
-        for a, b in (("loads", "rates"), ("rates", "loads")):
+        for a, b in (("loads", "rates"), ("rates", "loads"), ("kv_budgets", "kv_budget_multiples"),
+                     ("kv_budget_multiples", "kv_budgets")):  # fmt: skip
             if a in given:
                 merged.pop(b, None)
+        if "rates" in given and "load_reference" not in given:
+            merged.pop("load_reference", None)  # rates have no reference
         params = merged.get("workload_params")
         if "workloads" in given and isinstance(params, dict):
             names = given["workloads"]
@@ -209,11 +257,17 @@ def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
         raise TopasError(f"{source}: unknown key {unknown[0]!r}; known: {', '.join(KEYS)}")
     if "workloads" not in raw:
         raise TopasError(f"{source}: `workloads` is missing")
-    names: list[str] = []
-    for item in _list(source, "schedulers", raw.get("schedulers", "all"), str):
-        for part in item.split(",") or [""]:  # groups expand in place: "baselines,topas"
-            names += [n for n in parse_schedulers(part) if n not in names]
-    schedulers = tuple(names)
+    schedulers = _schedulers(source, "schedulers", raw.get("schedulers", "all"))
+    reference = DEFAULT_LOAD_REFERENCE
+    if "load_reference" in raw:
+        reference = _schedulers(source, "load_reference", raw["load_reference"])
+    multiples = _list(source, "kv_budget_multiples", raw.get("kv_budget_multiples", []),
+                      (int, float, str))  # fmt: skip
+    scales = _list(source, "output_scales", raw.get("output_scales", [1.0]), (int, float))
+    for m in multiples:
+        if isinstance(m, str) and m != ONE_AGENT:
+            raise TopasError(f"{source}: `kv_budget_multiples` takes positive numbers or "
+                             f"{ONE_AGENT!r}, got {m!r}")  # fmt: skip
     kv = [None if b == "derived" else b for b in _list(source, "kv_budgets",
           raw.get("kv_budgets", ["derived"]), (int, str))]  # fmt: skip
     if any(isinstance(b, str) for b in kv):
@@ -240,11 +294,26 @@ def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
         tasks_per_replica=_scalar(
             source, "tasks_per_replica", raw.get("tasks_per_replica", False), bool
         ),
+        kv_budget_multiples=tuple(m if isinstance(m, str) else float(m) for m in multiples),
+        output_scales=tuple(float(x) for x in scales),
+        load_reference=reference,
     )
     out = raw.get("out")
     if out is not None and not isinstance(out, str):
         raise TopasError(f"{source}: `out` must be a path string")
     return spec, out
+
+
+def _schedulers(source: str, key: str, value: Any) -> tuple[str, ...]:
+    """Scheduler names and groups (a list, or comma-separated), expanded in order, each once."""
+    names: list[str] = []
+    for item in _list(source, key, value, str):
+        for part in item.split(",") or [""]:  # groups expand in place: "baselines,topas"
+            try:
+                names += [n for n in parse_schedulers(part) if n not in names]
+            except TopasError as e:
+                raise TopasError(f"{source}: `{key}`: {e}") from None
+    return tuple(names)
 
 
 def _routers(source: str, value: Any) -> list[str]:

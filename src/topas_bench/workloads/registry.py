@@ -7,6 +7,12 @@ the run parameters, draws arrivals and per-task contents from one
 ``numpy.random.Generator(PCG64(seed))``, numbers tasks ``t0000``... and records every parameter
 in `Workload.params`.
 
+Every generated family also takes ``output_scale`` (`OUTPUT_SCALE`, default 1): every call's
+true output, and every prompt segment that reads an output, is multiplied by it (rounded, at
+least one token) after the family drew its lengths (`scale_outputs`), before the client's
+``max_tokens`` setting is applied, so the regime map's output-length axis (x0.5, x1, x2) is one
+parameter for every workload. It is recorded in `Workload.params` only when given.
+
 Reproducibility contract: the same (name, num_tasks, rate, seed, overrides) gives an identical
 workload. Arrivals and contents come from two child streams of that one generator, so the first
 n tasks are the same for any `num_tasks` >= n, and a different rate only rescales the arrival
@@ -24,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
@@ -34,7 +40,7 @@ from topas_bench.errors import TopasError, UnknownNameError
 from topas_bench.registry import Registry
 from topas_bench.workloads import lengths
 from topas_bench.workloads.arrivals import poisson_arrivals
-from topas_bench.workloads.model import Agent, Stage, Task, Workload
+from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, output_key
 from topas_bench.workloads.trace_lines import path_problem
 
 if TYPE_CHECKING:
@@ -72,6 +78,8 @@ DEFAULT_TASKS = 200
 #: The setting every workload's default rate was measured on (0.8 x FCFS's capacity there,
 #: `tests/test_default_rates.py`): this preset with its derived KV budget.
 DEFAULT_RATE_PRESET = "a100-qwen32b"
+#: The parameter every generated family takes (module docstring; `scale_outputs`).
+OUTPUT_SCALE = "output_scale"
 
 
 def resolve(name: str, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -156,7 +164,11 @@ def build_workload(
     num_tasks = _positive_int(name, "num_tasks", num_tasks)
     rate_per_s = _float(name, "rate_per_s", rate_per_s)
     seed = _positive_int(name, "seed", seed, minimum=0)
-    params = parse_params(name, params_cls, overrides)
+    overrides = dict(overrides)
+    scale = None
+    if OUTPUT_SCALE in overrides:
+        scale = _float(name, OUTPUT_SCALE, overrides.pop(OUTPUT_SCALE))
+    params = parse_params(name, params_cls, overrides, (OUTPUT_SCALE,))
     mode = getattr(params, lengths.MODE, None)
     if mode is not None:
         lengths.check_given(f"workload {name!r}", overrides, mode)
@@ -167,6 +179,8 @@ def build_workload(
     for i in range(num_tasks):
         task_id = f"t{i:04d}"
         task_stages = stages(params, task_id, content_rng)
+        if scale is not None:
+            task_stages = scale_outputs(task_stages, task_id, scale)
         if mode is not None:
             cap = getattr(params, lengths.CAP)
             try:
@@ -178,16 +192,40 @@ def build_workload(
     for f in fields(params):
         value = getattr(params, f.name)
         record[f.name] = list(value) if isinstance(value, tuple) else value  # JSON-shaped
+    if scale is not None:
+        record[OUTPUT_SCALE] = scale
     return Workload(name, agents(params), tuple(tasks), record, seed, generator=name)
 
 
-def parse_params(workload: str, params_cls: type[P], overrides: Mapping[str, Any]) -> P:
-    """`params_cls(**overrides)`, with one-line errors naming the parameter and the valid ones."""
+def scale_outputs(stages: tuple[Stage, ...], task_id: str, scale: float) -> tuple[Stage, ...]:
+    """`stages` with every true output and every prompt segment reading one of this task's
+    outputs (`output_key`) times `scale`, rounded half to even, at least one token. A call's
+    `max_new_tokens` follows its output (generators write exact lengths; `lengths.apply` sets
+    the client's cap afterwards)."""
+
+    def scaled(n: int) -> int:
+        return max(1, round(n * scale))
+
+    outs = {output_key(task_id, s.id) for s in stages}
+    result = []
+    for s in stages:
+        prompt = tuple(Segment(g.key, scaled(g.tokens)) if g.key in outs else g for g in s.prompt)
+        out = scaled(s.output_tokens)
+        result.append(replace(s, prompt=prompt, output_tokens=out, max_new_tokens=out))
+    return tuple(result)
+
+
+def parse_params(
+    workload: str, params_cls: type[P], overrides: Mapping[str, Any], extra: tuple[str, ...] = ()
+) -> P:
+    """`params_cls(**overrides)`, with one-line errors naming the parameter and the valid ones
+    (with `extra`, those the caller took out of `overrides` before)."""
     valid = [f.name for f in fields(params_cls)]
     for key in overrides:
         if key not in valid:
             raise TopasError(
-                f"workload {workload!r}: unknown parameter {key!r}; valid: {', '.join(valid)}"
+                f"workload {workload!r}: unknown parameter {key!r}; valid: "
+                f"{', '.join([*valid, *extra])}"
             )
     try:
         return params_cls(**overrides)

@@ -21,6 +21,7 @@ from topas_bench.analysis.figures import (
     stage_bars,
 )
 from topas_bench.analysis.plotting import palette_for, save
+from topas_bench.analysis.regime import regime_margin, regime_table
 from topas_bench.analysis.site.sources import Source
 from topas_bench.analysis.timeline import timeline_figure
 from topas_bench.schedulers.registry import PEERS
@@ -97,6 +98,15 @@ def draw_source(plt: Any, root: Path, src: Source) -> tuple[Drawn, list[Path]]:
                    f"regime_{w}" + (f"_{i}" if i else ""),
                    "Regime map: TOPAS's JCT reduction against the best baseline on each cell "
                    "of the load (or rate) x KV-budget grid.")  # fmt: skip
+        table = regime_table(src.coll, wrows) if src.coll is not None else None
+        if table is not None and not table.empty:
+            for i, (_, tw) in enumerate(table.groupby("workload", sort=False)):
+                d.keep(f"regime:{w}:margin" + (f":{i}" if i else ""), regime_margin(plt, tw),
+                       f"regime_margin_{w}" + (f"_{i}" if i else ""),
+                       "Regime map: TOPAS's JCT margin over the best other scheduler per "
+                       "(output scale, KV budget as a multiple of the agent-prefix working "
+                       "set, load) cell; outlined where residency pays (TOPAS beats "
+                       "topas-no-pins beyond the interval).")  # fmt: skip
         row = main[main["workload"] == w].iloc[0]
         st = src.stages[src.stages["group"] == row["group"]] if not src.stages.empty else None
         if st is not None and not st.empty:

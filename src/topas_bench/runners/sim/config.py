@@ -153,19 +153,19 @@ class SimOptions:
         return sim_engine_params(sim)
 
 
+def least_tokens(s: Stage) -> int:
+    """The least KV budget a call is served whole in (`check_fits`)."""
+    return max(s.prompt_tokens + 7, s.prompt_tokens + min(s.output_tokens, s.max_new_tokens) + 2)
+
+
 def check_fits(w: Workload, kv_budget_tokens: int, context_length: int = 32768) -> None:
     """Every call must be one the server serves whole: SGLang refuses a prompt of at least
     `min(context_length - 1, kv_budget - 1) - 5` tokens (`TpModelWorker.get_worker_info`)
     and clips `max_new_tokens` to `min(context_length, kv_budget) - prompt - 2`
     (`Scheduler.init_req_max_new_tokens`), which must leave the call its output."""
 
-    def least(s: Stage) -> int:
-        return max(
-            s.prompt_tokens + 7, s.prompt_tokens + min(s.output_tokens, s.max_new_tokens) + 2
-        )
-
-    stage = max((s for _, s in w.stages()), key=least)
-    need = least(stage)
+    stage = max((s for _, s in w.stages()), key=least_tokens)
+    need = least_tokens(stage)
     if need > min(kv_budget_tokens, context_length):
         what = "KV budget" if kv_budget_tokens <= context_length else "context length"
         have = min(kv_budget_tokens, context_length)
