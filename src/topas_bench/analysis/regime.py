@@ -59,7 +59,12 @@ def regime_table(coll: Collection, rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell(workload: str, t: pd.Series, g: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any]:
-    ident = json.loads(str(t["group"]))
+    try:  # a run tree's group is its identity as JSON; a report's rows may carry none
+        ident = json.loads(str(t["group"]))
+    except ValueError:
+        ident = {"workload": workload}
+    if not isinstance(ident, dict):
+        ident = {"workload": workload}
     params = dict(ident.get("workload_params", {}))
     budget = int(t["kv_budget_tokens"])
     row: dict[str, Any] = {
