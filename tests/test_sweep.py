@@ -223,7 +223,9 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(tmp_path: Path) -> None
     after = run_dirs(out)
     assert len(after) == total  # nothing lost
     assert len({d.parent.name for d in after}) == 6  # scheduler directories
-    assert all(len(list(d.parent.iterdir())) == 4 for d in after)  # a cell per seed: no dups
+    # a cell per seed, no duplicates (a killed writer's hidden temporary directory may stay
+    # beside them until it is old enough to clear: it is not a cell)
+    assert all(len([c for c in after if c.parent == d.parent]) == 4 for d in after)
     assert {d: (d / "run.json").stat().st_mtime_ns for d in before} == before  # not re-run
     coll = collect(out)
     assert coll.problems == [] and len(coll.runs) == total
