@@ -30,7 +30,7 @@ from pathlib import Path
 
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
-from topas_bench.runners.sim.engine import ARRIVE, READY, Simulator
+from topas_bench.runners.sim.engine import ARRIVE, Simulator
 from topas_bench.runners.sim.view import SimView
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key, output_key
@@ -64,23 +64,12 @@ def loaded_state(scheduler: str, waiting: int, agents: int) -> Simulator:
         CostModel(preset),
         SimConfig(kv_budget_tokens=preset.derived_kv_budget_tokens, record_timeline=False),
     )
-    import heapq
-
     for task in sim.workload.tasks:
         sim._push(task.arrival_s, ARRIVE, task)
     heap = sim._heap
     iterations = 0
     while heap and iterations < 2:  # the loop of `Simulator.run`, stopped after 2 iterations
-        sim.now = heap[0][0]
-        while heap and heap[0][0] == sim.now:
-            _, _, kind, payload = heapq.heappop(heap)
-            if kind == ARRIVE:
-                sim._arrive(payload)
-            elif kind == READY:
-                sim._send(payload)
-            else:
-                sim._iteration_done(*payload)
-                iterations += 1
+        iterations += sim._advance()
         if not sim._busy and iterations < 2:
             sim._step()
     sim._receive()  # the top of the next iteration: what was sent joins the queue
@@ -90,10 +79,7 @@ def loaded_state(scheduler: str, waiting: int, agents: int) -> Simulator:
 def full_state(scheduler: str, waiting: int, agents: int) -> Simulator:
     """`loaded_state`, then iteration by iteration until the policy admits nothing while
     requests run (at most 5,000 iterations)."""
-    import heapq
-
     sim = loaded_state(scheduler, waiting, agents)
-    heap = sim._heap
     for _ in range(5000):
         if not sim._busy:
             if sim.running and sim.waiting:
@@ -101,15 +87,7 @@ def full_state(scheduler: str, waiting: int, agents: int) -> Simulator:
                 if not d.admit and not d.preempt:
                     return sim
             sim._step()
-        sim.now = heap[0][0]
-        while heap and heap[0][0] == sim.now:
-            _, _, kind, payload = heapq.heappop(heap)
-            if kind == ARRIVE:
-                sim._arrive(payload)
-            elif kind == READY:
-                sim._send(payload)
-            else:
-                sim._iteration_done(*payload)
+        sim._advance()
         sim._receive()
     raise SystemExit(f"no full state within 5,000 iterations ({waiting} waiting, {agents} agents)")
 

@@ -159,15 +159,7 @@ class Simulator:
             self._push(task.arrival_s, ARRIVE, task)
         heap = self._heap
         while heap:
-            self.now = heap[0][0]
-            while heap and heap[0][0] == self.now:
-                _, _, kind, payload = heapq.heappop(heap)
-                if kind == ARRIVE:
-                    self._arrive(payload)
-                elif kind == READY:
-                    self._send(payload)
-                else:
-                    self._iteration_done(*payload)
+            self._advance()
             if not self._busy:
                 self._step()
             if self.cfg.check_invariants:
@@ -178,6 +170,23 @@ class Simulator:
                 f"under scheduler {self.policy.name!r}"
             )
         return self.rec.result(self.now, time.perf_counter() - wall0)
+
+    def _advance(self) -> int:
+        """Move the clock to the next event and handle every event at that instant; returns
+        how many iterations ended there."""
+        heap = self._heap
+        self.now = heap[0][0]
+        ended = 0
+        while heap and heap[0][0] == self.now:
+            _, _, kind, payload = heapq.heappop(heap)
+            if kind == ARRIVE:
+                self._arrive(payload)
+            elif kind == READY:
+                self._send(payload)
+            else:
+                self._iteration_done(*payload)
+                ended += 1
+        return ended
 
     def check_invariants(self) -> None:
         """Re-derive KV accounting and lock counts from scratch; raise on any mismatch."""
