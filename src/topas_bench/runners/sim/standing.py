@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from topas_bench.runners.sim.view import Simulator as EngineState
 from topas_bench.schedulers.base import BUDGET_MARGIN, Decision
 from topas_bench.workloads.model import agent_key
 
@@ -39,32 +40,21 @@ if TYPE_CHECKING:
     from topas_bench.runners.sim.calc_priority import QueuePass
     from topas_bench.runners.sim.config import SimConfig
     from topas_bench.runners.sim.pins import ContextPins
-    from topas_bench.runners.sim.radix import Match, Node, RadixCache
+    from topas_bench.runners.sim.radix import Match, Node
     from topas_bench.runners.sim.state import SimRequest
-    from topas_bench.schedulers.estimator import ServiceEstimator
     from topas_bench.workloads.pieces import Piece
 
 
-class Simulator(Protocol):
-    """What a standing decision reads and replays of the engine (`engine.Simulator`; a
-    protocol, so that this module need not import the engine that imports it)."""
+class Simulator(EngineState, Protocol):
+    """What a standing decision reads and replays of the engine (`engine.Simulator`): the view's
+    state and the rest below (a protocol, so that this module need not import the engine that
+    imports it)."""
 
-    cfg: SimConfig
-    cache: RadixCache
-    ratio: float
-    waiting: list[SimRequest]
-    running: list[SimRequest]
     chunked: SimRequest | None
     trace: list[Any] | None
-    pins: dict[str, Node]
     contexts: ContextPins
-    prefix_tokens: dict[str, int]
     queue_pass: QueuePass
-    estimator: ServiceEstimator
     processed_tokens: int
-
-    @property
-    def free_tokens(self) -> int: ...
 
     def _match_req(self, req: SimRequest) -> tuple[int, Node]: ...
 
