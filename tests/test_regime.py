@@ -255,10 +255,39 @@ def test_heat_map_outlines_the_cells_where_residency_pays() -> None:
         x, y = outlined[0].get_xy()
         assert (round(x + 0.48), round(y + 0.48)) == (1, 1)  # rate 0.1, KV 12,802
         assert [t.get_text() for t in mean.get_xticklabels()] == ["0.05", "0.1"]
-        assert mean.get_yticklabels()[1].get_text() == "x1.00 (12,802)"
+        assert [t.get_text() for t in mean.get_yticklabels()] == ["x0.33", "x1.00"]
         texts = [t.get_text() for t in p99.texts]
-        assert "-20.0%\n[-30, +10]" in texts
-        assert "rate (tasks/s)" in p99.get_xlabel()
+        assert "-20.0%\n[-30, +10]\n12,802 tok" in texts
+        assert "rate (tasks/s)" in fig.get_supxlabel()
+    finally:
+        plt.close(fig)
+
+
+def test_heat_map_rows_are_multiples_shared_across_output_scales() -> None:
+    """One call's need grows with the outputs, so the same multiple of W is a different number
+    of tokens at x0.5 and x2: a row is the multiple, not the tokens (no empty "not run" rows)."""
+    import pandas as pd
+
+    from topas_bench.analysis.figures import pyplot
+    from topas_bench.analysis.regime import regime_margin
+
+    cells = [
+        {"workload": "dag4", "output_scale": scale, "kv_budget_tokens": int(16384 * m) + need,
+         "kv_multiple": m, "load": 0.8, "rate_per_s": 0.1, "seeds": "0,1",
+         "margin_mean": 0.1, "margin_mean_lo": 0.05, "margin_mean_hi": 0.15,
+         "margin_p99": 0.1, "margin_p99_lo": 0.05, "margin_p99_hi": 0.15,
+         "residency_pays": False}
+        for scale, need in ((0.5, 386), (2.0, 1538)) for m in (0.25, 1.0)
+    ]  # fmt: skip
+    plt = pyplot()
+    fig = regime_margin(plt, pd.DataFrame(cells))
+    try:
+        left, right = fig.axes[0], fig.axes[1]  # x0.5 and x2, mean JCT
+        assert [t.get_text() for t in left.get_yticklabels()] == ["x0.25", "x1.00"]
+        for ax, need in ((left, 386), (right, 1538)):
+            texts = [t.get_text() for t in ax.texts]
+            assert "not run" not in texts
+            assert f"{4096 + need:,} tok" in "".join(texts)
     finally:
         plt.close(fig)
 

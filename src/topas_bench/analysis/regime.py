@@ -184,16 +184,25 @@ def regime_markdown(table: pd.DataFrame) -> str:
     return head + "\n\n".join(parts) + "\n"
 
 
+def _level(r: pd.Series) -> float:
+    """A cell's budget level in the figure: its multiple of W (3 decimals), else its tokens."""
+    m = float(r["kv_multiple"])
+    return round(m, 3) if not math.isnan(m) else float(r["kv_budget_tokens"])
+
+
 def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
     """One workload's heat maps (module docstring)."""
     scales = sorted(w["output_scale"].unique())
-    budgets = sorted(w["kv_budget_tokens"].unique())
+    # rows are budget levels: the multiple of W, which is the same across output scales while
+    # the tokens are not (one call's need grows with the outputs); tokens where it is unknown
+    w = w.assign(level=[_level(r) for _, r in w.iterrows()])
+    budgets = sorted(w["level"].unique())
     col_x, xlabel = x_axis(w)  # load, or the rate when a cell has no load
     if col_x == "load":  # FCFS's, or the best of the sweep's `load_reference`
         xlabel = "load (x the reference schedulers' best saturation rate)"
     loads = sorted(w[col_x].unique())
     fig, axes = plt.subplots(2, len(scales), squeeze=False,
-                             figsize=(max(6.0, 2.0 * len(loads) * len(scales) + 2.5),
+                             figsize=(max(7.0, 2.2 * len(loads) * len(scales) + 3.0),
                                       2 * (0.9 * len(budgets) + 1.6)))  # fmt: skip
     vals = w[[f"margin_{m}" for _, m in METRICS]].to_numpy(dtype=float) * 100
     lim = max(5.0, float(np.nanmax(np.abs(vals)))) if np.isfinite(vals).any() else 5.0
@@ -204,13 +213,14 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
             ax = axes[i][j]
             z = np.full((len(budgets), len(loads)), np.nan)
             for _, r in d.iterrows():
-                a, b = budgets.index(r["kv_budget_tokens"]), loads.index(r[col_x])
+                a, b = budgets.index(r["level"]), loads.index(r[col_x])
                 z[a, b] = 100 * r[f"margin_{m}"]
             image = ax.imshow(z, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
             for _, r in d.iterrows():
-                a, b = budgets.index(r["kv_budget_tokens"]), loads.index(r[col_x])
+                a, b = budgets.index(r["level"]), loads.index(r[col_x])
                 v, lo, hi = (100 * r[f"margin_{m}{s}"] for s in ("", "_lo", "_hi"))
                 text = "-" if math.isnan(v) else f"{v:+.1f}%\n[{lo:+.0f}, {hi:+.0f}]"
+                text += f"\n{int(r['kv_budget_tokens']):,} tok"
                 crosses = not (lo > 0 or hi < 0)
                 ax.text(b, a, text, ha="center", va="center", fontsize=8,
                         color="white" if abs(v) > 0.55 * lim else "black",
@@ -221,13 +231,15 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
             for a, b in zip(*np.nonzero(np.isnan(z)), strict=True):
                 ax.text(b, a, "not run", ha="center", va="center", fontsize=8, color="gray")
             ax.set_xticks(range(len(loads)), [f"{x:.4g}" for x in loads])
-            labels = [_x(d[d["kv_budget_tokens"] == y].iloc[0]) if (d["kv_budget_tokens"] == y)
-                      .any() else f"{int(y):,}" for y in budgets]  # fmt: skip
-            ax.set_yticks(range(len(budgets)), labels, fontsize=8)
-            ax.set(xlabel=xlabel if i else "",
-                   ylabel="KV budget (x W, tokens)" if j == 0 else "",
+            multiples = w["kv_multiple"].notna().all()
+            labels = [f"x{y:.2f}" if multiples else f"{int(y):,}" for y in budgets]
+            ax.set_yticks(range(len(budgets)), labels if j == 0 else [""] * len(budgets),
+                          fontsize=8)  # fmt: skip
+            ylabel = "KV budget (x W; tokens in the cell)" if multiples else "KV budget (tokens)"
+            ax.set(ylabel=ylabel if j == 0 else "",
                    title=f"outputs x{x:g}: {m} JCT")  # fmt: skip
             ax.grid(False)
+    fig.supxlabel(xlabel, fontsize=9)
     if image is not None:
         fig.colorbar(image, ax=axes, label="TOPAS margin over best other (%)", shrink=0.8)
     first = w.iloc[0]
