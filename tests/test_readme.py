@@ -36,10 +36,11 @@ NOT_RUN = {
         "an SGLang server (tests/test_client_*.py cover the client)",
     "topas-bench serve --scheduler topas -- --model-path /models/Qwen2.5-32B-Instruct "
     "--port 30000": "a GPU and SGLang",
-    "topas-bench sweep --config results/evaluation-paper.toml --out runs/eval-paper --compact -j 2":
-        "the evaluation: 680 runs, about two core-hours (tests/test_sweep.py covers sweeps)",
-    "topas-bench report runs/eval-paper --out results/evaluation-paper --allow-mixed-revisions":
-        "the evaluation sweep's output (tests/test_report.py covers reports)",
+    "topas-bench sweep --config results/paper-regime.toml --out runs/paper-regime --compact -j 2":
+        "the paper's regime: 500 runs and 25 probes, about 9 minutes on two cores "
+        "(tests/test_sweep.py covers sweeps)",
+    "topas-bench report runs/paper-regime --out results/paper-regime":
+        "the paper-regime sweep's output (tests/test_report.py covers reports)",
     "topas-bench fidelity -w chain3,dag4,dag10-wide,metagpt-sop,metagpt-tl -s "
     "fcfs,lpm,spf,parrot,autellix,topas -n 200":
         "60 cells on SGLang's own scheduler, about an hour (tests/test_sglang_cpu_engine.py "
