@@ -77,19 +77,19 @@ def policy_server_args(
     scheduler: str, params: Mapping[str, object], extra: Sequence[str] = ()
 ) -> list[str]:
     """The `sglang.launch_server` arguments the scheduler needs and `extra` lacks: its radix
-    eviction policy (`Policy.radix_eviction_policy`, with its config) when not SGLang's
+    eviction policy (`ServerNeeds.eviction`, with its config) when not SGLang's
     default `lru`. (The plugin builds SGLang's `SchedulePolicy` for the policy's own
     `--schedule-policy` whatever the server was started with.)"""
     import json
 
     from topas_bench.schedulers.registry import make_policy
 
-    policy = make_policy(scheduler, **params)
-    if policy.radix_eviction_policy == "lru" or "--radix-eviction-policy" in extra:
+    needs = make_policy(scheduler, **params).needs
+    if needs.eviction == "lru" or "--radix-eviction-policy" in extra:
         return []
-    argv = ["--radix-eviction-policy", policy.radix_eviction_policy]
-    if policy.radix_eviction_config:
-        argv += ["--radix-eviction-policy-config", json.dumps(dict(policy.radix_eviction_config))]
+    argv = ["--radix-eviction-policy", needs.eviction]
+    if needs.eviction_config:
+        argv += ["--radix-eviction-policy-config", json.dumps(needs.eviction_config_dict)]
     return argv
 
 
