@@ -1,8 +1,9 @@
 """SGLang 0.5.23's `SchedulePolicy.calc_priority` on the simulator's waiting queue.
 
-`managers/schedule_policy.py`, for the `--schedule-policy` a topas-bench policy names
-(`Policy.sglang_policy`); the policy decides afterwards, on the queue as this leaves it (the
-plugin's `TopasSchedulePolicy` runs SGLang's own pass the same way):
+`managers/schedule_policy.py`, for the `--schedule-policy` a topas-bench policy needs
+(`ServerNeeds.schedule_policy`); the policy decides afterwards, on the queue as this leaves it
+(the plugin's `TopasSchedulePolicy` runs SGLang's own pass the same way). The simulator's whole
+mirror of SGLang's queue pass is here, one row of `PASSES` per `--schedule-policy`:
 - `_determine_active_policy`: `lpm` and `hrrn` fall back to `fcfs` above 128 waiting requests;
 - cache-aware policies (`lpm`, `dfs-weight`, `hrrn`, `shortest-prefill-first`) match every
   waiting request (`_compute_prefix_matches`: splits, LRU stamps, the in-batch demotions of
@@ -28,10 +29,30 @@ from topas_bench.runners.sim.radix import Node, RadixCache
 from topas_bench.runners.sim.state import SimRequest
 from topas_bench.schedulers.lpm import IN_BATCH_THRESHOLD, PREFIX_MATCH_MAX, in_batch_demotions
 
-CACHE_AWARE = frozenset({"lpm", "dfs-weight", "hrrn", "shortest-prefill-first"})
-SORTED = frozenset({*CACHE_AWARE, "lof", "random"})
+#: `SchedulePolicy.calc_priority`'s pass per `--schedule-policy`: whether it matches every
+#: waiting request first (the cache-aware policies), and how it orders the queue. Filled below
+#: the class; covers `schedulers.base.SCHEDULE_POLICIES` (tests/test_needs.py).
+PASSES: dict[str, tuple[bool, Order]] = {}
 #: SGLang's `WAITING_PREFIX_REFRESH_INTERVAL`.
 PREFIX_REFRESH_INTERVAL = 32
+
+
+Nodes = dict[int, Node]
+
+
+class Order(Protocol):
+    def __call__(
+        self,
+        qp: QueuePass,
+        waiting: list[SimRequest],
+        cache: RadixCache,
+        nodes: Nodes,
+        processed: int,
+        /,
+    ) -> list[SimRequest]:
+        """The queue in the pass's order (`nodes`: each request's last matched node, when the
+        pass matched them)."""
+        ...
 
 
 class Matcher(Protocol):
@@ -62,31 +83,63 @@ class QueuePass:
     ) -> list[SimRequest]:
         """The queue after SGLang's pass (`processed`: its prefill-token counter)."""
         active = self.active(len(waiting))
-        if active not in CACHE_AWARE:
-            self._touch(waiting, match, active)
-            if active == "lof":
-                return sorted(waiting, key=lambda r: -r.max_new_tokens)
-            if active == "random":
-                out = list(waiting)
-                self.rng.shuffle(out)
-                return out
-            return waiting
+        cache_aware, order = PASSES[active]
         nodes: dict[int, Node] = {}
-        hits: dict[int, int] = {}
-        self.matched = {}
-        for r in waiting:
-            hits[r.rid], nodes[r.rid] = match(r)
-            self.matched[r.rid] = min(hits[r.rid], r.fill_tokens - 1)
-        self.demoted = in_batch_demotions(waiting, hits, IN_BATCH_THRESHOLD, IN_BATCH_THRESHOLD)
-        if active == "lpm":
-            inf = float("inf")
-            return sorted(
-                waiting, key=lambda r: inf if r.rid in self.demoted else -self.matched[r.rid]
-            )
-        if active == "dfs-weight":
-            return dfs_weight_order(cache.root, waiting, nodes)
-        if active == "hrrn":
-            return sorted(waiting, key=lambda r: self._hrrn_key(r, processed))
+        if cache_aware:
+            # `_compute_prefix_matches`: every waiting request matched (splits, LRU stamps)
+            hits: dict[int, int] = {}
+            self.matched = {}
+            for r in waiting:
+                hits[r.rid], nodes[r.rid] = match(r)
+                self.matched[r.rid] = min(hits[r.rid], r.fill_tokens - 1)
+            self.demoted = in_batch_demotions(waiting, hits, IN_BATCH_THRESHOLD, IN_BATCH_THRESHOLD)
+        else:
+            self._touch(waiting, match, active)
+        return order(self, waiting, cache, nodes, processed)
+
+    def _keep(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`fcfs` (and `routing-key` here: the policy sorts by agent, `sglang_stock`)."""
+        return waiting
+
+    def _longest_output(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_longest_output`: `max_new_tokens`, longest first."""
+        return sorted(waiting, key=lambda r: -r.max_new_tokens)
+
+    def _shuffle(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_randomly`: a shuffle from the server's seeded generator."""
+        out = list(waiting)
+        self.rng.shuffle(out)
+        return out
+
+    def _longest_prefix(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_longest_prefix`: matched length, longest first; demoted requests last."""
+        inf = float("inf")
+        return sorted(waiting, key=lambda r: inf if r.rid in self.demoted else -self.matched[r.rid])
+
+    def _dfs_weight(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_dfs_weight` (`dfs_weight_order`)."""
+        return dfs_weight_order(cache.root, waiting, nodes)
+
+    def _hrrn(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_hrrn`: the highest response ratio first."""
+        return sorted(waiting, key=lambda r: self._hrrn_key(r, processed))
+
+    def _shortest_prefill(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_shortest_prefill`: the least uncached work first, then queue entry."""
         return sorted(waiting, key=lambda r: (r.rid in self.demoted, self._work(r), r.enqueue_seq))
 
     def replayable(self, waiting: int) -> bool:
@@ -144,6 +197,20 @@ class QueuePass:
                 break
             reserved += work
         return budget - reserved if reserved else None
+
+
+PASSES.update({
+    "fcfs": (False, QueuePass._keep),
+    "lof": (False, QueuePass._longest_output),
+    "random": (False, QueuePass._shuffle),
+    "routing-key": (False, QueuePass._keep),
+    "lpm": (True, QueuePass._longest_prefix),
+    "dfs-weight": (True, QueuePass._dfs_weight),
+    "hrrn": (True, QueuePass._hrrn),
+    "shortest-prefill-first": (True, QueuePass._shortest_prefill),
+})  # fmt: skip
+#: The policies whose pass matches every waiting request.
+CACHE_AWARE = frozenset(name for name, (aware, _) in PASSES.items() if aware)
 
 
 def dfs_weight_order(
