@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from topas_bench.runners.sim.radix import Node, RadixCache
 from topas_bench.runners.sim.state import SimRequest
 from topas_bench.schedulers.lpm import IN_BATCH_THRESHOLD, PREFIX_MATCH_MAX, in_batch_demotions
 
-#: `SchedulePolicy.calc_priority`'s pass per `--schedule-policy`: whether it matches every
-#: waiting request first (the cache-aware policies), and how it orders the queue. Filled below
-#: the class; covers `schedulers.base.SCHEDULE_POLICIES` (tests/test_needs.py).
-PASSES: dict[str, tuple[bool, Order]] = {}
+#: `SchedulePolicy.calc_priority`'s pass per `--schedule-policy` (`Pass`). Filled below the
+#: class; covers `schedulers.base.SCHEDULE_POLICIES` (tests/test_needs.py).
+PASSES: dict[str, Pass] = {}
 #: SGLang's `WAITING_PREFIX_REFRESH_INTERVAL`.
 PREFIX_REFRESH_INTERVAL = 32
 
@@ -55,6 +55,24 @@ class Order(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """One `--schedule-policy`'s pass.
+
+    order: how it orders the queue.
+    cache_aware: it matches every waiting request first (`_compute_prefix_matches`); the
+        others refresh prefixes (`_touch_waiting_prefixes`).
+    falls_back: above 128 waiting requests it is `fcfs`'s (`_determine_active_policy`).
+    cuts_chunk: it cuts the in-flight chunk for shorter waiting requests
+        (`shortest_prefill_chunk_limit`).
+    """
+
+    order: Order
+    cache_aware: bool = False
+    falls_back: bool = False
+    cuts_chunk: bool = False
+
+
 class Matcher(Protocol):
     def __call__(self, req: SimRequest) -> tuple[int, Node]:
         """Match `req`'s fill in the tree (stamping it): (device tokens, last device node)."""
@@ -65,6 +83,8 @@ class QueuePass:
     """One server's `SchedulePolicy`: its counters and the last pass's matches."""
 
     def __init__(self, policy: str, eviction: str, seed: int = 0) -> None:
+        if policy not in PASSES:
+            raise ValueError(f"no SGLang queue pass {policy!r}; known: {', '.join(PASSES)}")
         self.policy = policy
         self.eviction = eviction
         self.rng = random.Random(seed)
@@ -74,7 +94,7 @@ class QueuePass:
         self.demoted: set[int] = set()
 
     def active(self, waiting: int) -> str:
-        if self.policy in ("lpm", "hrrn") and waiting > PREFIX_MATCH_MAX:
+        if PASSES[self.policy].falls_back and waiting > PREFIX_MATCH_MAX:
             return "fcfs"
         return self.policy
 
@@ -83,9 +103,9 @@ class QueuePass:
     ) -> list[SimRequest]:
         """The queue after SGLang's pass (`processed`: its prefill-token counter)."""
         active = self.active(len(waiting))
-        cache_aware, order = PASSES[active]
+        pass_ = PASSES[active]
         nodes: dict[int, Node] = {}
-        if cache_aware:
+        if pass_.cache_aware:
             # `_compute_prefix_matches`: every waiting request matched (splits, LRU stamps)
             hits: dict[int, int] = {}
             self.matched = {}
@@ -95,7 +115,7 @@ class QueuePass:
             self.demoted = in_batch_demotions(waiting, hits, IN_BATCH_THRESHOLD, IN_BATCH_THRESHOLD)
         else:
             self._touch(waiting, match, active)
-        return order(self, waiting, cache, nodes, processed)
+        return pass_.order(self, waiting, cache, nodes, processed)
 
     def _keep(
         self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
@@ -187,7 +207,7 @@ class QueuePass:
         self, chunked: SimRequest, waiting: Sequence[SimRequest], budget: int
     ) -> int | None:
         """`shortest_prefill_chunk_limit` (page size 1), None when it does not apply."""
-        if self.policy != "shortest-prefill-first" or budget < 2:
+        if not PASSES[self.policy].cuts_chunk or budget < 2:
             return None
         remaining = chunked.fill_tokens - chunked.prefix_len
         reserved = 0
@@ -200,17 +220,17 @@ class QueuePass:
 
 
 PASSES.update({
-    "fcfs": (False, QueuePass._keep),
-    "lof": (False, QueuePass._longest_output),
-    "random": (False, QueuePass._shuffle),
-    "routing-key": (False, QueuePass._keep),
-    "lpm": (True, QueuePass._longest_prefix),
-    "dfs-weight": (True, QueuePass._dfs_weight),
-    "hrrn": (True, QueuePass._hrrn),
-    "shortest-prefill-first": (True, QueuePass._shortest_prefill),
+    "fcfs": Pass(QueuePass._keep),
+    "lof": Pass(QueuePass._longest_output),
+    "random": Pass(QueuePass._shuffle),
+    "routing-key": Pass(QueuePass._keep),
+    "lpm": Pass(QueuePass._longest_prefix, cache_aware=True, falls_back=True),
+    "dfs-weight": Pass(QueuePass._dfs_weight, cache_aware=True),
+    "hrrn": Pass(QueuePass._hrrn, cache_aware=True, falls_back=True),
+    "shortest-prefill-first": Pass(QueuePass._shortest_prefill, cache_aware=True, cuts_chunk=True),
 })  # fmt: skip
 #: The policies whose pass matches every waiting request.
-CACHE_AWARE = frozenset(name for name, (aware, _) in PASSES.items() if aware)
+CACHE_AWARE = frozenset(name for name, p in PASSES.items() if p.cache_aware)
 
 
 def dfs_weight_order(
