@@ -95,14 +95,14 @@ class Simulator:
         self._run_start_s = 0.0  # when the decode run in flight started
         self._decided: standing.Marker | None = None  # the state the last decision saw
         self.policy = policy
+        self.needs = policy.needs  # what it needs of the server, read once (`ServerNeeds`)
         self.cost = cost
         self.cfg = config
         self.cache = RadixCache(
-            config.host_tier_tokens, policy.radix_eviction_policy,
-            policy.radix_eviction_config.get("protected_threshold", 2),
+            config.host_tier_tokens, self.needs.eviction, self.needs.protected_threshold,
         )  # fmt: skip
         self.queue_pass = QueuePass(
-            policy.sglang_policy, policy.radix_eviction_policy, policy.sglang_seed
+            self.needs.schedule_policy, self.needs.eviction, self.needs.seed
         )
         #: `Scheduler.processed_tokens_counter` (`hrrn`'s clock): `extend_num_tokens` of every
         #: batch run so far; a decode batch counts what the running batch's first prefill had.
@@ -304,7 +304,7 @@ class Simulator:
         """`_get_new_batch_prefill_raw`: the admission pass, or None when none runs or it
         admits nobody."""
         self._stand = None
-        if self.policy.acts_while_full or not self.running:
+        if self.needs.acts_while_full or not self.running:
             self.batch_is_full = False
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return None
@@ -621,7 +621,7 @@ class Simulator:
         attempt = (
             self.trace is not None
             or self.chunked is not None
-            or (self.waiting and (not self.batch_is_full or self.policy.acts_while_full))
+            or (self.waiting and (not self.batch_is_full or self.needs.acts_while_full))
         )
         stand = self._stand
         self._stand = self._stand_run = None
