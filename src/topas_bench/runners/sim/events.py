@@ -98,15 +98,8 @@ class Events(Residency):
         self.estimator.observe(req.agent, req.kind, req.generated)
         self.rec.request(req)
         run = req.task
-        st = run.stages[req.stage_id]
-        run.set_state(st.id, StageState.DONE)
-        run.pending -= 1
-        for child_id in st.children:
-            child = run.stages[child_id]
-            child.remaining_deps -= 1
-            if child.remaining_deps == 0:
-                run.set_state(child_id, StageState.DELAYED)
-                self._push(self.now + child.delay_s, READY, (run, child_id))
+        for child in run.stage_done(req.stage_id):
+            self._push(self.now + child.delay_s, READY, (run, child.id))
         if run.pending == 0:
             run.finish_s = self.now
             del self.tasks[run.id]
