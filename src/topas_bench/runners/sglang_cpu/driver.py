@@ -80,9 +80,7 @@ def reference_loop(
             lambda: make_policy(scheduler, **params),
             lambda: ServiceEstimator(cost),
             clock=clock, unix_clock=clock,
-            on_decision=lambda wall_s, waiting, d: loop.decision(
-                wall_s, waiting, len(d.admit), len(d.preempt)
-            ),
+            on_decision=loop.decision,
         )  # fmt: skip
     server_args: dict[str, Any] = {
         "model_path": str(model_path),
@@ -134,10 +132,10 @@ def run_cell(job: Job, index: int, cell: Cell, model_path: Path) -> None:
     for name, df in tables.items():
         df.to_parquet(out / f"{name}.parquet", index=False)
     counters = {
-        "preemptions": loop.preemptions,
-        "admitted_prompt_tokens": loop.prompt_tokens,
-        "cached_prompt_tokens": loop.hit_tokens,
-        "iterations": loop.iterations,
+        "preemptions": loop.rec.preemptions,
+        "admitted_prompt_tokens": loop.rec.prompt_tokens,
+        "cached_prompt_tokens": loop.rec.hit_tokens,
+        "iterations": loop.rec.iterations,
     }
     info = {"counters": counters, "sim_time_s": loop.clock.now, "wall_s": wall}
     (out / "counters.json").write_text(json.dumps(info, indent=2) + "\n")
