@@ -103,7 +103,7 @@ class Simulator(Prefill):
 
     def _calc_priority(self) -> Decision | None:
         """`SchedulePolicy.calc_priority` on the waiting queue (`calc_priority.QueuePass`: the
-        prefix bookkeeping and SGLang's own order for the policy's `sglang_policy`), then the
+        prefix bookkeeping and SGLang's own order for `needs.schedule_policy`), then the
         policy's decision (the plugin's `Bridge.decide`): its admits first, in its order, the
         rest after."""
         self.waiting = self.queue_pass.run(
