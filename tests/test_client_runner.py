@@ -375,6 +375,17 @@ def test_serve_passes_args_and_plugin_env(tmp_path: Path) -> None:
     assert seen.read_text().strip() == (
         '-m sglang.launch_server --model-path /m --port 30000 | topas {"beta": 0.2}'
     )
+    # the radix eviction policy the scheduler needs (`ServerNeeds`), with its config
+    res = CliRunner().invoke(
+        app, ["serve", "-s", "lpm-slru", "--scheduler-param", "lpm-slru.slru_protected_threshold=3",
+              "--python", str(script), "--", "--port", "30000"],
+    )  # fmt: skip
+    assert res.exit_code == 7, res.output
+    assert seen.read_text().strip() == (
+        "-m sglang.launch_server --port 30000 --radix-eviction-policy slru "
+        '--radix-eviction-policy-config {"protected_threshold": 3} | lpm-slru '
+        '{"slru_protected_threshold": 3}'
+    )
     bad = CliRunner().invoke(app, ["serve", "-s", "nope", "--python", str(script)])
     assert bad.exit_code == 2 and "unknown scheduler" in bad.output
     # the same name.key=value form as `run`: a bare key or another scheduler's is refused

@@ -12,7 +12,7 @@ import pytest
 from topas_bench.runners.sim.config import SimConfig, check_fits
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimResult, SimulationError, Simulator, Step
-from topas_bench.schedulers.base import Decision, EngineView, Policy
+from topas_bench.schedulers.base import Decision, EngineView, Policy, ServerNeeds
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.schedulers.spf import SPF
@@ -167,11 +167,15 @@ def test_a_full_batch_latches_until_a_request_leaves() -> None:
 
 class ShortestFirst(FCFS):
     """Admits the shortest prompt first; `door` opens SGLang's door for acting while the batch
-    is full (`acts_while_full`)."""
+    is full (`ServerNeeds.acts_while_full`)."""
 
     def __init__(self, door: bool) -> None:
-        self.acts_while_full = door  # type: ignore[misc]
+        self.door = door
         self.calls: list[float] = []
+
+    @property
+    def needs(self) -> ServerNeeds:
+        return ServerNeeds(acts_while_full=self.door)
 
     def decide(self, view: EngineView) -> Decision:
         self.calls.append(view.now_s)
@@ -397,7 +401,9 @@ def test_the_server_clips_max_new_tokens_to_fit_the_budget() -> None:
 class PreemptFirst(FCFS):
     """Preempts every running request once, at the first decision that sees two waiting."""
 
-    acts_while_full = True
+    @property
+    def needs(self) -> ServerNeeds:
+        return ServerNeeds(acts_while_full=True)
 
     def __init__(self) -> None:
         self.done = False

@@ -382,10 +382,10 @@ def test_continuum_admits_program_level_fcfs() -> None:
 
 def test_sglang_stock_schedulers_take_an_eviction_policy() -> None:
     p = make_policy("hrrn", eviction="slru", slru_protected_threshold=3)
-    assert (p.radix_eviction_policy, dict(p.radix_eviction_config)) == (
+    assert (p.needs.eviction, p.needs.eviction_config_dict) == (
         "slru", {"protected_threshold": 3},
     )  # fmt: skip
-    assert make_policy("lpm-slru").radix_eviction_policy == "slru"
-    assert make_policy("kvflow").radix_eviction_policy == "priority"
+    assert make_policy("lpm-slru").needs.eviction == "slru"
+    assert make_policy("kvflow").needs.eviction == "priority"
     with pytest.raises(Exception, match="eviction must be one of"):
         make_policy("dfs-weight", eviction="tlru")

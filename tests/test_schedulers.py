@@ -29,7 +29,8 @@ from topas_bench.schedulers.base import (
 )
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.lpm import LPM
-from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy
+from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy, summary
+from topas_bench.schedulers.sglang_stock import StockRow
 from topas_bench.schedulers.spf import SPF, expected_remaining_s
 from topas_bench.spec import RunSpec
 from topas_bench.workloads.model import Segment
@@ -504,6 +505,10 @@ def test_every_scheduler_runs_every_workload(scheduler: str, workload: str, tmp_
 
 @pytest.mark.parametrize("name", SCHEDULERS.names())
 def test_every_scheduler_describes_itself(name: str) -> None:
-    """`topas-bench schedulers list` shows the first docstring line of each class."""
-    doc = SCHEDULERS.get(name).__dict__.get("__doc__") or ""
-    assert doc.strip().endswith(".") and len(doc.strip()) > 20
+    """`topas-bench schedulers list` shows the first docstring line of each class, a stock
+    row's summary."""
+    factory = SCHEDULERS.get(name)
+    own = factory.summary if isinstance(factory, StockRow) else factory.__dict__.get("__doc__")
+    doc = (own or "").strip()
+    assert doc.endswith(".") and len(doc) > 20
+    assert summary(name) == doc.splitlines()[0]

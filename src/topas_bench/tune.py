@@ -27,7 +27,7 @@ from typing import Any
 from topas_bench.errors import TopasError
 from topas_bench.experiment import plan_run
 from topas_bench.harness import run_cell
-from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy
+from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, is_policy_class, make_policy
 from topas_bench.schedulers.topas import Topas
 from topas_bench.spec import RunSpec
 
@@ -118,7 +118,7 @@ def check_spec(spec: TuneSpec) -> None:
             f"tuning seeds {sorted(set(spec.seeds) & set(EVAL_SEEDS))} overlap the evaluation "
             f"seeds {list(EVAL_SEEDS)}; pick others"
         )
-    if not issubclass(SCHEDULERS.get(spec.scheduler), Topas):
+    if not is_policy_class(spec.scheduler, Topas):
         variants = ", ".join(n for n in SCHEDULERS.names() if n.startswith("topas"))
         raise TopasError(f"tune searches TOPAS's parameters: -s must be one of {variants}")
     if not spec.seeds:

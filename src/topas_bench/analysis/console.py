@@ -193,7 +193,7 @@ def print_workload(console: Console, w: Workload) -> None:
 
 
 def print_schedulers(console: Console) -> None:
-    from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, SCHEDULERS
+    from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, SCHEDULERS, summary
 
     groups = {n: "paper" for n in (*BASELINES, "topas")}
     groups |= {n: "ablation" for n in ABLATIONS} | {n: "peer" for n in PEERS}
@@ -202,8 +202,7 @@ def print_schedulers(console: Console) -> None:
     table.add_column("group")
     table.add_column("description")
     for name in SCHEDULERS:
-        doc = (SCHEDULERS.get(name).__doc__ or "").strip().splitlines()
-        table.add_row(name, groups.get(name, ""), doc[0] if doc else "")
+        table.add_row(name, groups.get(name, ""), summary(name))
     console.print(table)
 
 

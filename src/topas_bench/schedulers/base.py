@@ -19,9 +19,10 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from topas_bench.errors import TopasError
+from topas_bench.runners.sim.evict import POLICIES as EVICTION_POLICIES
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.request import RequestView, StageState, StageView
 
@@ -197,7 +198,7 @@ class Decision:
 
     prefix_priority: agent -> eviction priority of the radix nodes of its prefix (the device
         path of the prefix's tokens, read-only, the node where it ends included), for a server
-        evicting by `priority` (`Policy.radix_eviction_policy`, SGLang's `PriorityStrategy`:
+        evicting by `priority` (`ServerNeeds.eviction`, SGLang's `PriorityStrategy`:
         lower first, then LRU). A node on several agents' paths takes the highest. Every other
         node keeps SGLang's request priorities, 0 for outputs and 1 for prompts. None leaves
         priorities unchanged.
@@ -236,6 +237,86 @@ class Decision:
             and self.prefix_priority is None
             and not self.prefetch
         )
+
+
+#: Every `--schedule-policy` SGLang 0.5.23's `SchedulePolicy` implements
+#: (`managers/schedule_policy.py`; the server's parser also accepts `priority`, which
+#: `SchedulePolicy` refuses: `schedulers.sglang_stock.REFUSED`).
+SCHEDULE_POLICIES = (
+    "fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "shortest-prefill-first", "routing-key",
+)  # fmt: skip
+#: SGLang's tree cores (`SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`).
+TREE_CORES = ("rust", "python")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerNeeds:
+    """What a policy needs from the server it runs on: one frozen value (`Policy.needs`), read
+    once by every engine (the simulator, the reference engine, the plugin and its launcher).
+
+    schedule_policy: SGLang's own `--schedule-policy` pass that runs before the policy decides
+        (`SchedulePolicy.calc_priority`: `lpm` matches every waiting request, refreshing their
+        prefixes' LRU time; `fcfs` refreshes the first 128 every 32nd call). The simulator
+        mirrors it (`runners.sim.calc_priority`); the plugin runs SGLang's own.
+    native: SGLang's pass is the whole policy (its `decide` keeps the order that pass leaves,
+        or sorts it the way SGLang would): the reference engine then runs SGLang's own
+        `SchedulePolicy`, without the plugin.
+    eviction, eviction_config: SGLang's `--radix-eviction-policy` (`lru`, `lfu`, `slru`,
+        `priority`; `runners.sim.evict`) and its `--radix-eviction-policy-config` (for `slru`:
+        `protected_threshold`), as sorted (key, value) pairs. Both engines build their cache
+        with them.
+    seed: the seed of SGLang's shuffle under `random` (the simulator seeds its own generator
+        with it, the reference engine SGLang's global one).
+    acts_while_full: the one door for acting while the batch is full. SGLang stops trying to
+        admit once a prefill attempt finds the batch full (`ScheduleBatch.batch_is_full`,
+        cleared only when a running request leaves), so a policy is normally not consulted
+        until then. True opens the door SGLang itself has (`enable_priority_preemption` clears
+        the latch before every prefill attempt, `Scheduler._get_new_batch_prefill_raw`): the
+        engine, simulated or real (the plugin's adapter), then asks the policy at every
+        iteration while requests wait, so it can preempt for a better candidate, and pays a
+        prefill attempt per step for it.
+    tree_core: the SGLang tree core the server must run, or None for the server's own
+        (`ServerSettings.tree_core`, SGLang's Rust core). A policy that sets
+        `Decision.prefix_priority` needs `python`: the Rust core keeps node priorities out of
+        Python's reach.
+    """
+
+    schedule_policy: str = "fcfs"
+    native: bool = False
+    eviction: str = "lru"
+    eviction_config: tuple[tuple[str, int], ...] = ()
+    seed: int = 0
+    acts_while_full: bool = False
+    tree_core: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"unknown SGLang schedule policy {self.schedule_policy!r}")
+        if self.eviction not in EVICTION_POLICIES:
+            raise ValueError(f"unknown SGLang radix eviction policy {self.eviction!r}")
+        keys = [k for k, _ in self.eviction_config]
+        if keys not in ([], ["protected_threshold"]) or (keys and self.eviction != "slru"):
+            raise ValueError(f"eviction config {self.eviction_config!r} for {self.eviction!r}")
+        if self.tree_core is not None and self.tree_core not in TREE_CORES:
+            raise ValueError(f"unknown SGLang tree core {self.tree_core!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+    @classmethod
+    def slru(cls, protected_threshold: int, **fields: Any) -> ServerNeeds:
+        """Needs under SGLang's `slru` eviction with its protected threshold."""
+        config = (("protected_threshold", protected_threshold),)
+        return cls(eviction="slru", eviction_config=config, **fields)
+
+    @property
+    def eviction_config_dict(self) -> dict[str, int]:
+        """`eviction_config` as `--radix-eviction-policy-config` takes it (JSON)."""
+        return dict(self.eviction_config)
+
+    @property
+    def protected_threshold(self) -> int:
+        """`slru`'s protected threshold: the config's, else SGLang's default (2)."""
+        return self.eviction_config_dict.get("protected_threshold", 2)
 
 
 class InvalidParameter(TopasError):
@@ -292,31 +373,8 @@ class Policy(ABC):
     decision does not admit.
     """
 
-    name: ClassVar[str] = ""
-    #: SGLang's own `--schedule-policy` whose queue bookkeeping runs before this policy decides
-    #: (`SchedulePolicy.calc_priority`: `lpm` matches every waiting request, refreshing their
-    #: prefixes' LRU time; `fcfs` refreshes the first 128 every 32nd call). Policies served
-    #: through the plugin run on a server started with `fcfs`.
-    sglang_policy: ClassVar[str] = "fcfs"
-    #: The one door for acting while the batch is full. SGLang stops trying to admit once a
-    #: prefill attempt finds the batch full (`ScheduleBatch.batch_is_full`, cleared only when a
-    #: running request leaves), so a policy is normally not consulted until then. True opens
-    #: the door SGLang itself has (`enable_priority_preemption` clears the latch before every
-    #: prefill attempt, `Scheduler._get_new_batch_prefill_raw`): the engine, simulated or real
-    #: (the plugin's adapter), then asks the policy at every iteration while requests wait, so
-    #: it can preempt for a better candidate, and pays a prefill attempt per step for it.
-    acts_while_full: ClassVar[bool] = False
-    #: SGLang's `--radix-eviction-policy` the server runs with (`lru`, `lfu`, `slru`,
-    #: `priority`; `runners.sim.evict`) and its `--radix-eviction-policy-config` (for `slru`:
-    #: `protected_threshold`). Both engines build their cache with them.
-    radix_eviction_policy: ClassVar[str] = "lru"
-    radix_eviction_config: ClassVar[Mapping[str, int]] = {}
-    #: Seed of SGLang's shuffle under `--schedule-policy random` (the simulator seeds its own
-    #: generator with it, the reference engine SGLang's global one).
-    sglang_seed: ClassVar[int] = 0
-    #: True for a policy that sets `Decision.prefix_priority`: SGLang's Rust tree core keeps
-    #: node priorities out of Python's reach, so its server runs the Python tree core.
-    sets_prefix_priority: ClassVar[bool] = False
+    #: The scheduler's registered name (a stock SGLang policy's is its row's, set per instance).
+    name: str = ""
 
     def __init__(self, **params: Any) -> None:
         reject_unknown(self.name, params)
@@ -325,6 +383,12 @@ class Policy(ABC):
     def params(self) -> dict[str, Any]:
         """The parameters that identify this policy in a run's identity."""
         return {}
+
+    @property
+    def needs(self) -> ServerNeeds:
+        """What this policy needs from the server, as one frozen value (`ServerNeeds`); the
+        default is a stock SGLang server under `fcfs`. Engines read it once, when they start."""
+        return ServerNeeds()
 
     @abstractmethod
     def decide(self, view: EngineView) -> Decision: ...
@@ -364,6 +428,8 @@ class OrderingPolicy(Policy):
 
 __all__ = [
     "BUDGET_MARGIN",
+    "EVICTION_POLICIES",
+    "SCHEDULE_POLICIES",
     "Decision",
     "EngineView",
     "InvalidParameter",
@@ -373,6 +439,7 @@ __all__ = [
     "PrefixView",
     "ProvesStanding",
     "RequestView",
+    "ServerNeeds",
     "ServiceEstimator",
     "StageState",
     "StageView",

@@ -6,13 +6,18 @@ requests are appended to the queue, which is served in that order.
 
 from __future__ import annotations
 
-from topas_bench.schedulers.base import Decision, EngineView, Policy
+from topas_bench.schedulers.base import Decision, EngineView, Policy, ServerNeeds
 
 
 class FCFS(Policy):
     """First come, first served: the queue as it stands (SGLang appends requests it requeues)."""
 
     name = "fcfs"
+
+    @property
+    def needs(self) -> ServerNeeds:
+        """SGLang's own `fcfs`: the reference engine runs it natively."""
+        return ServerNeeds(native=True)
 
     def decide(self, view: EngineView) -> Decision:
         return Decision(admit=list(view.waiting))

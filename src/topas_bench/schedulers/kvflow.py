@@ -37,13 +37,14 @@ request paths). Defaults are KVFlow's server defaults (`evict_pri_level` 4, `loa
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 from topas_bench.schedulers.base import (
     Decision,
     EngineView,
     Policy,
     PrefixLocation,
+    ServerNeeds,
     StageState,
     TaskView,
     require_int,
@@ -75,8 +76,6 @@ class KVFlow(Policy):
     """FCFS admission; eviction by steps-to-execution classes; prefetch of agents due next."""
 
     name = "kvflow"
-    radix_eviction_policy: ClassVar[str] = "priority"
-    sets_prefix_priority: ClassVar[bool] = True
 
     def __init__(self, hold_steps: int = 4, prefetch_steps: int = 2) -> None:
         self.hold = require_int(self.name, "hold_steps", hold_steps, 2)
@@ -86,6 +85,12 @@ class KVFlow(Policy):
     @property
     def params(self) -> dict[str, Any]:
         return {"hold_steps": self.hold, "prefetch_steps": self.prefetch_steps}
+
+    @property
+    def needs(self) -> ServerNeeds:
+        """SGLang's `priority` eviction, whose node priorities it sets (`prefix_priority`):
+        the Python tree core, where they are within reach."""
+        return ServerNeeds(eviction="priority", tree_core="python")
 
     def steps(self, view: EngineView) -> dict[str, int]:
         """Steps-to-execution per agent over every live task."""

@@ -22,9 +22,16 @@ stable). Other thresholds sort only here, after an `fcfs` pass.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
-from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView, require_int
+from topas_bench.schedulers.base import (
+    Decision,
+    EngineView,
+    Policy,
+    RequestView,
+    ServerNeeds,
+    require_int,
+)
 from topas_bench.workloads.pieces import Piece, common, fill_pieces, length
 
 #: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX` and `IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD` (=
@@ -42,7 +49,6 @@ class LPM(Policy):
     """SGLang's longest prefix match (queue order above 128 waiting, in-batch deprioritisation)."""
 
     name = "lpm"
-    sglang_policy: ClassVar[str] = "lpm"
 
     def __init__(
         self,
@@ -56,11 +62,6 @@ class LPM(Policy):
         self.fallback_above = fallback_above
         self.check = in_batch_check_tokens
         self.deprioritize = in_batch_deprioritize_tokens
-        thresholds = (fallback_above, in_batch_check_tokens, in_batch_deprioritize_tokens)
-        if thresholds != tuple(DEFAULTS.values()):
-            # SGLang's constants cannot express other thresholds: the plugin serves this
-            # policy on a server started with `fcfs`, whose queue bookkeeping then applies.
-            self.sglang_policy = "fcfs"  # type: ignore[misc]
 
     @property
     def params(self) -> dict[str, Any]:
@@ -69,6 +70,15 @@ class LPM(Policy):
             "in_batch_check_tokens": self.check,
             "in_batch_deprioritize_tokens": self.deprioritize,
         }
+
+    @property
+    def needs(self) -> ServerNeeds:
+        """SGLang's own `lpm` (the reference engine runs it natively) with SGLang's thresholds.
+        SGLang's constants cannot express other thresholds: the plugin then serves this policy
+        on a server started with `fcfs`, whose queue bookkeeping applies."""
+        if self.params != DEFAULTS:
+            return ServerNeeds()
+        return ServerNeeds(schedule_policy="lpm", native=True)
 
     def decide(self, view: EngineView) -> Decision:
         queue = list(view.waiting)

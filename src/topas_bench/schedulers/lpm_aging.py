@@ -20,13 +20,14 @@ order, which k-LPM then leaves alone).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from topas_bench.schedulers.base import (
     Decision,
     EngineView,
     Policy,
     RequestView,
+    ServerNeeds,
     require_int,
     require_number,
 )
@@ -37,7 +38,6 @@ class LPMAging(Policy):
     """k-LPM: every k-th admission is the oldest waiting request, the others longest match."""
 
     name = "lpm-aging"
-    sglang_policy: ClassVar[str] = "lpm"
 
     def __init__(self, k: int = 4, aging_tokens_per_pass: float = 0.0) -> None:
         self.k = require_int(self.name, "k", k, 1)
@@ -47,6 +47,11 @@ class LPMAging(Policy):
     @property
     def params(self) -> dict[str, Any]:
         return {"k": self.k, "aging_tokens_per_pass": self.aging}
+
+    @property
+    def needs(self) -> ServerNeeds:
+        """SGLang's `lpm` pass first (its prefix matching and order), then this policy's."""
+        return ServerNeeds(schedule_policy="lpm")
 
     def decide(self, view: EngineView) -> Decision:
         queue = list(view.waiting)

@@ -1,8 +1,10 @@
-"""The scheduler registry: name -> policy class. Adding a policy = one file + one line here."""
+"""The scheduler registry: name -> what builds the policy (a policy class, or a row of SGLang's
+stock table, `sglang_stock.STOCK`). Adding a policy = one file + one line here."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from topas_bench.registry import Registry
@@ -14,17 +16,7 @@ from topas_bench.schedulers.kvflow import KVFlow
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.lpm_aging import LPMAging
 from topas_bench.schedulers.parrot import ParrotFCFS
-from topas_bench.schedulers.sglang_stock import (
-    HRRN,
-    DfsWeight,
-    LongestOutputFirst,
-    LPMLfu,
-    LPMPriority,
-    LPMSlru,
-    RandomOrder,
-    RoutingKey,
-    ShortestPrefillFirst,
-)
+from topas_bench.schedulers.sglang_stock import STOCK, StockRow
 from topas_bench.schedulers.spf import SPF
 from topas_bench.schedulers.topas import (
     Topas,
@@ -38,7 +30,10 @@ from topas_bench.schedulers.topas import (
     TopasPrevScore,
 )
 
-SCHEDULERS: Registry[type[Policy]] = Registry("scheduler")
+#: A policy class, or a `StockRow`: called with a scheduler's parameters, a fresh policy.
+PolicyFactory = Callable[..., Policy]
+
+SCHEDULERS: Registry[PolicyFactory] = Registry("scheduler")
 SCHEDULERS.add("fcfs", FCFS)
 SCHEDULERS.add("lpm", LPM)
 SCHEDULERS.add("spf", SPF)
@@ -56,15 +51,8 @@ SCHEDULERS.add("topas-expected-path", TopasExpectedPath)
 SCHEDULERS.add("kvflow", KVFlow)
 SCHEDULERS.add("continuum", Continuum)
 SCHEDULERS.add("lpm-aging", LPMAging)
-SCHEDULERS.add("dfs-weight", DfsWeight)
-SCHEDULERS.add("lof", LongestOutputFirst)
-SCHEDULERS.add("random", RandomOrder)
-SCHEDULERS.add("hrrn", HRRN)
-SCHEDULERS.add("routing-key", RoutingKey)
-SCHEDULERS.add("lpm-slru", LPMSlru)
-SCHEDULERS.add("lpm-lfu", LPMLfu)
-SCHEDULERS.add("lpm-priority", LPMPriority)
-SCHEDULERS.add("shortest-prefill-first", ShortestPrefillFirst)
+for _row in STOCK:
+    SCHEDULERS.add(_row.name, _row)
 
 #: The paper's baselines, in the order tables show them.
 BASELINES = ("fcfs", "lpm", "spf", "parrot", "autellix")
@@ -85,8 +73,22 @@ ABLATIONS = (
 
 def make_policy(name: str, **params: Any) -> Policy:
     """A fresh policy instance; unknown names list the known ones, bad params name the field."""
-    cls = SCHEDULERS.get(name)
-    signature = inspect.signature(cls).parameters.values()
-    if not any(p.kind is p.VAR_KEYWORD for p in signature):  # else the class checks **params
+    factory = SCHEDULERS.get(name)
+    signature = inspect.signature(factory).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in signature):  # else the factory checks **params
         reject_unknown(name, params, [p.name for p in signature])
-    return cls(**params)
+    return factory(**params)
+
+
+def summary(name: str) -> str:
+    """A registered scheduler's one-line description (its docstring's first line)."""
+    factory = SCHEDULERS.get(name)
+    doc = factory.summary if isinstance(factory, StockRow) else factory.__doc__
+    lines = (doc or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def is_policy_class(name: str, base: type[Policy]) -> bool:
+    """Whether `name` is registered as `base` or a subclass of it."""
+    factory = SCHEDULERS.get(name)
+    return isinstance(factory, type) and issubclass(factory, base)

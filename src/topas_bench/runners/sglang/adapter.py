@@ -551,12 +551,13 @@ def make_scheduler_class(
             self._topas_batch_start = 0.0
             # SGLang's own pass for the policy's `--schedule-policy` (its bookkeeping and
             # order), whatever the server was started with; the simulator runs the same.
+            self._topas_needs = self.topas.policy.needs  # read once (`ServerNeeds`)
             self.policy = TopasSchedulePolicy(
-                self.topas.policy.sglang_policy, self.tree_cache, self.enable_hierarchical_cache,
+                self._topas_needs.schedule_policy, self.tree_cache, self.enable_hierarchical_cache,
                 self.enable_priority_scheduling, self.schedule_low_priority_values_first,
                 bridge=self.topas,
             )  # fmt: skip
-            want = self.topas.policy.radix_eviction_policy
+            want = self._topas_needs.eviction
             have = get_memory().radix_eviction_policy
             if str(have).lower() != want:
                 logger.warning(
@@ -576,11 +577,11 @@ def make_scheduler_class(
             return functools.partial(TopasPrefillAdder, bridge=self.topas)
 
         def _get_new_batch_prefill_raw(self, *args: Any, **kwargs: Any) -> Any:
-            # The one door for acting while the batch is full (`Policy.acts_while_full`): clear
+            # The one door for acting while the batch is full (`ServerNeeds.acts_while_full`): clear
             # the latch before every prefill attempt, as SGLang does with
             # `enable_priority_preemption`; the simulator opens the same door.
             running = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
-            if self.topas.policy.acts_while_full and running is not None:
+            if self._topas_needs.acts_while_full and running is not None:
                 running.batch_is_full = False
             # The policy's view reserves decode headroom at the ratio this pass admits with.
             self.topas.new_token_ratio = self.new_token_ratio_tracker.current

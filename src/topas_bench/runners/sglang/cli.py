@@ -66,14 +66,14 @@ def serve(
                 f"(write {scheduler}.KEY=VALUE)"
             )
     params = grouped.get(scheduler, {})
-    make_policy(scheduler, **params)  # a bad name or parameter fails here, not in the server
+    needs = make_policy(scheduler, **params).needs  # a bad name or parameter fails here
     preset = load_preset(preset).source or preset  # a file: its absolute path, for the server
     exe = python or sys.executable
     check_server_python(exe, "--python")
     import os
 
     argv = [exe, "-m", "sglang.launch_server", *ctx.args]
-    argv += policy_server_args(scheduler, params, ctx.args)
+    argv += policy_server_args(needs, ctx.args)
     env = {**os.environ, **plugin_env(scheduler, params, preset)}
     typer.echo(f"starting: {' '.join(argv)} (TOPAS_SCHEDULER={scheduler})", err=True)
     raise typer.Exit(subprocess.call(argv, env=env))

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from topas_bench.errors import TopasError
 from topas_bench.runners.sglang.plugin import (
@@ -27,6 +28,9 @@ from topas_bench.runners.sglang.plugin import (
     ENV_SCHEDULER,
     INSTALLED_MARK,
 )
+
+if TYPE_CHECKING:
+    from topas_bench.schedulers.base import ServerNeeds
 
 
 class ServerError(TopasError):
@@ -73,23 +77,18 @@ def sglang_argv(
     return argv + list(extra)
 
 
-def policy_server_args(
-    scheduler: str, params: Mapping[str, object], extra: Sequence[str] = ()
-) -> list[str]:
-    """The `sglang.launch_server` arguments the scheduler needs and `extra` lacks: its radix
-    eviction policy (`Policy.radix_eviction_policy`, with its config) when not SGLang's
+def policy_server_args(needs: ServerNeeds, extra: Sequence[str] = ()) -> list[str]:
+    """The `sglang.launch_server` arguments a policy needs and `extra` lacks: its radix
+    eviction policy (`ServerNeeds.eviction`, with its config) when not SGLang's
     default `lru`. (The plugin builds SGLang's `SchedulePolicy` for the policy's own
     `--schedule-policy` whatever the server was started with.)"""
     import json
 
-    from topas_bench.schedulers.registry import make_policy
-
-    policy = make_policy(scheduler, **params)
-    if policy.radix_eviction_policy == "lru" or "--radix-eviction-policy" in extra:
+    if needs.eviction == "lru" or "--radix-eviction-policy" in extra:
         return []
-    argv = ["--radix-eviction-policy", policy.radix_eviction_policy]
-    if policy.radix_eviction_config:
-        argv += ["--radix-eviction-policy-config", json.dumps(dict(policy.radix_eviction_config))]
+    argv = ["--radix-eviction-policy", needs.eviction]
+    if needs.eviction_config:
+        argv += ["--radix-eviction-policy-config", json.dumps(needs.eviction_config_dict)]
     return argv
 
 
@@ -237,7 +236,9 @@ def sglang_server(
     if not Path(model).exists() and not looks_like_hub_id(model):
         raise ServerError(f"--model {model!r}: no such model directory")
     port = free_port()
-    extra = [*extra, *policy_server_args(scheduler, params, extra)]
+    from topas_bench.schedulers.registry import make_policy
+
+    extra = [*extra, *policy_server_args(make_policy(scheduler, **params).needs, extra)]
     return Server(
         argv=sglang_argv(python or sys.executable, model, port, kv_budget_tokens, extra),
         port=port, log_path=log_path, env=plugin_env(scheduler, params, preset),

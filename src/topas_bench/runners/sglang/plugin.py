@@ -60,11 +60,11 @@ def register() -> None:
             f"topas plugin is pinned to SGLang {SGLANG_VERSION}, found {sglang.__version__}"
         )
     name, params, preset = conf
-    policy = make_policy(name, **params)  # fail here, loudly, on a bad name or parameter
-    if policy.sets_prefix_priority:
-        # Node priorities are reachable only in SGLang's Python tree core; it reads this when
-        # the scheduler builds its cache, after the plugins are loaded.
-        os.environ.setdefault("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
+    needs = make_policy(name, **params).needs  # fail here, loudly, on a bad name or parameter
+    if needs.tree_core is not None:
+        # e.g. node priorities are reachable only in SGLang's Python tree core; SGLang reads
+        # this when the scheduler builds its cache, after the plugins are loaded.
+        os.environ.setdefault("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", needs.tree_core)
     cost = CostModel(load_preset(preset))
     cls = make_scheduler_class(lambda: make_policy(name, **params), lambda: ServiceEstimator(cost))
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler", cls, HookType.REPLACE)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from topas_bench.runners.sglang_cpu.job import Cell, Job, ServerSettings, native_policy
+from topas_bench.runners.sglang_cpu.job import Cell, Job, ServerSettings
 from topas_bench.workloads.model import Workload
 
 if TYPE_CHECKING:  # SGLang is imported only after `_env` has set its environment
@@ -66,22 +66,21 @@ def reference_loop(
 
     cost = CostModel(load_preset(preset))
     clock = Clock()
-    policy = make_policy(scheduler, **params)
+    needs = make_policy(scheduler, **params).needs
     loop = ReferenceLoop(
         workload, TokenIds.of(workload), cost, clock,
         record_timeline=server.record_timeline, on_task_done=on_task_done,
-        routing_key=policy.sglang_policy == "routing-key",
+        routing_key=needs.schedule_policy == "routing-key",
     )  # fmt: skip
-    native = native_policy(scheduler, params)
+    # SGLang's own policies (their parameters within what SGLang expresses) run as SGLang's
+    # `SchedulePolicy`, every other scheduler through our plugin.
     base: type = Scheduler
-    if native is None:
+    if not needs.native:
         base = make_scheduler_class(
             lambda: make_policy(scheduler, **params),
             lambda: ServiceEstimator(cost),
             clock=clock, unix_clock=clock,
-            on_decision=lambda wall_s, waiting, d: loop.decision(
-                wall_s, waiting, len(d.admit), len(d.preempt)
-            ),
+            on_decision=loop.decision,
         )  # fmt: skip
     server_args: dict[str, Any] = {
         "model_path": str(model_path),
@@ -89,23 +88,23 @@ def reference_loop(
         "max_running_requests": server.max_running_requests,
         "chunked_prefill_size": server.chunked_prefill_size,
         "max_prefill_tokens": server.max_prefill_tokens,
-        "schedule_policy": native or "fcfs",
-        "radix_eviction_policy": policy.radix_eviction_policy,
-        "radix_eviction_policy_config": dict(policy.radix_eviction_config) or None,
+        "schedule_policy": needs.schedule_policy if needs.native else "fcfs",
+        "radix_eviction_policy": needs.eviction,
+        "radix_eviction_policy_config": needs.eviction_config_dict or None,
     }
     from sglang.srt.environ import envs  # type: ignore[import-not-found]
 
     # a policy that sets node priorities needs SGLang's Python tree core (`Bridge`)
-    core = "python" if policy.sets_prefix_priority else server.tree_core
+    core = needs.tree_core or server.tree_core
     with envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(core):
         loop.sched = build_scheduler(
             base, server_args, kv_tokens=server.kv_budget_tokens,
             max_reqs=server.max_running_requests, script=loop.script,
             on_requeue=loop.on_requeue,
         )  # fmt: skip
-    if native == "random":
+    if needs.native and needs.schedule_policy == "random":
         # SGLang shuffles with the global generator: seed it as the simulator seeds its own.
-        random.seed(policy.sglang_seed)
+        random.seed(needs.seed)
     return loop
 
 
@@ -133,10 +132,10 @@ def run_cell(job: Job, index: int, cell: Cell, model_path: Path) -> None:
     for name, df in tables.items():
         df.to_parquet(out / f"{name}.parquet", index=False)
     counters = {
-        "preemptions": loop.preemptions,
-        "admitted_prompt_tokens": loop.prompt_tokens,
-        "cached_prompt_tokens": loop.hit_tokens,
-        "iterations": loop.iterations,
+        "preemptions": loop.rec.preemptions,
+        "admitted_prompt_tokens": loop.rec.prompt_tokens,
+        "cached_prompt_tokens": loop.rec.hit_tokens,
+        "iterations": loop.rec.iterations,
     }
     info = {"counters": counters, "sim_time_s": loop.clock.now, "wall_s": wall}
     (out / "counters.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -10,26 +10,6 @@ from typing import Any
 
 from topas_bench.runners.sim.config import SimConfig
 
-#: Schedulers SGLang implements itself (`--schedule-policy`, and `--radix-eviction-policy` as
-#: the policy names it); they run as SGLang's own `SchedulePolicy` unless their parameters ask
-#: for something SGLang cannot express, every other scheduler through our plugin.
-NATIVE = {
-    "fcfs": "fcfs", "lpm": "lpm", "dfs-weight": "dfs-weight", "lof": "lof", "random": "random",
-    "hrrn": "hrrn", "shortest-prefill-first": "shortest-prefill-first",
-    "routing-key": "routing-key", "lpm-slru": "lpm", "lpm-lfu": "lpm", "lpm-priority": "lpm",
-}  # fmt: skip
-
-
-def native_policy(scheduler: str, params: dict[str, Any]) -> str | None:
-    """SGLang's own policy name for `scheduler`, or None when it runs through the plugin (a
-    policy SGLang lacks, or SGLang's with thresholds its constants cannot express)."""
-    from topas_bench.schedulers.registry import make_policy
-
-    if scheduler not in NATIVE:
-        return None
-    policy = make_policy(scheduler, **params)
-    return NATIVE[scheduler] if policy.sglang_policy == NATIVE[scheduler] else None
-
 
 @dataclass(frozen=True)
 class ServerSettings:

@@ -10,7 +10,9 @@ clock jumps to the client's next event. Nothing sleeps; nothing reads the wall c
 The client side is the simulator's: a task's stages are sent when their dependencies have
 finished plus the stage's delay, with the same prompts (as token ids, `tokens.TokenIds`),
 `max_new_tokens` and `ignore_eos` (exact-length calls), and task metadata in `custom_params`.
-The loop writes the same records as the simulator (`runners.sim.records`).
+Requests and tasks are the simulator's (`runners.sim.state`: a task's DAG is released by
+`TaskRun.stage_done`), and the loop writes its records through the simulator's recorder
+(`runners.sim.records.Recorder`).
 """
 
 from __future__ import annotations
@@ -28,13 +30,10 @@ from topas_bench.runners.sglang import metadata
 from topas_bench.runners.sglang_cpu.tokens import TokenIds
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.engine import Step
-from topas_bench.runners.sim.records import (
-    DECISION_COLUMNS,
-    REQUEST_COLUMNS,
-    TASK_COLUMNS,
-    TIMELINE_COLUMNS,
-)
-from topas_bench.workloads.model import Task, Workload, agent_key, output_key
+from topas_bench.runners.sim.records import Recorder
+from topas_bench.runners.sim.state import SimRequest, TaskRun
+from topas_bench.schedulers.base import Decision
+from topas_bench.workloads.model import Workload, agent_key, output_key
 
 ARRIVE, READY = 0, 1
 
@@ -49,45 +48,9 @@ class Clock:
         return self.now
 
 
-class Call:
-    """One stage's request: what the client and the recorder know about it."""
-
-    __slots__ = (
-        "admitted_s", "agent", "cached_tokens", "finish_s", "first_admitted_s", "first_token_s",
-        "in_flight", "kind", "output_tokens", "preemptions", "prompt_tokens", "ready_s", "rid",
-        "seq", "service_s", "stage_id", "task",
-    )  # fmt: skip
-
-    def __init__(self, seq: int, task: TaskState, stage_id: str, now_s: float) -> None:
-        stage = task.task.stage(stage_id)
-        self.seq = seq
-        self.rid = f"{task.task.id}/{stage_id}"
-        self.task = task
-        self.stage_id = stage_id
-        self.agent = stage.agent
-        self.kind = stage.kind
-        self.prompt_tokens = stage.prompt_tokens
-        self.output_tokens = min(stage.output_tokens, stage.max_new_tokens)
-        self.ready_s = now_s
-        self.admitted_s: float | None = None
-        self.first_admitted_s: float | None = None
-        self.first_token_s: float | None = None
-        self.finish_s: float | None = None
-        self.preemptions = 0
-        self.service_s = 0.0
-        self.cached_tokens = 0
-        self.in_flight = False  # admitted and not since sent back to the waiting queue
-
-
-class TaskState:
-    __slots__ = ("attained_s", "finish_s", "pending", "remaining_deps", "task")
-
-    def __init__(self, task: Task) -> None:
-        self.task = task
-        self.remaining_deps = {s.id: len(s.deps) for s in task.stages}
-        self.pending = len(task.stages)
-        self.attained_s = 0.0
-        self.finish_s: float | None = None
+def sglang_rid(req: SimRequest) -> str:
+    """The request's id on SGLang's side (its `Req.rid`): its task and stage."""
+    return f"{req.task_id}/{req.stage_id}"
 
 
 class ReferenceLoop:
@@ -116,19 +79,13 @@ class ReferenceLoop:
         self.record_timeline = record_timeline
         self.on_task_done = on_task_done
         self.prefix_tokens = {a.name: a.prefix_tokens for a in workload.agents}
-        self.calls: dict[str, Call] = {}
+        #: SGLang's rid -> the request (`SimRequest`: admitted while `admitted_s` is set)
+        self.calls: dict[str, SimRequest] = {}
         self.script: dict[str, list[int]] = {}  # rid -> scripted output ids (the worker's)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._calls_seq = itertools.count()
-        self._requests: list[tuple[Any, ...]] = []
-        self._tasks: list[tuple[Any, ...]] = []
-        self._timeline: list[tuple[Any, ...]] = []
-        self._decisions: list[tuple[Any, ...]] = []
-        self.iterations = 0
-        self.preemptions = 0
-        self.prompt_tokens = 0
-        self.hit_tokens = 0
+        self.rec = Recorder(record_timeline)
         self.done_tasks = 0
 
     # -- the client ---------------------------------------------------------------------
@@ -142,21 +99,23 @@ class ReferenceLoop:
         while self._heap and self._heap[0][0] <= now:
             t, _, kind, payload = heapq.heappop(self._heap)
             if kind == ARRIVE:
-                ts = TaskState(payload)
-                for st in payload.stages:
+                run = TaskRun(payload)
+                for st in payload.stages:  # the task's order (`TaskRun.stages` is topological)
                     if not st.deps:
-                        self._push(payload.arrival_s + st.delay_s, READY, (ts, st.id))
+                        self._push(payload.arrival_s + st.delay_s, READY, (run, st.id))
             else:
-                ts, stage_id = payload
-                call = Call(next(self._calls_seq), ts, stage_id, t)
-                self.calls[call.rid] = call
-                self.script[call.rid] = self.tokens.segment(
-                    output_key(ts.task.id, stage_id), call.output_tokens
+                run, stage_id = payload
+                stage = run.stages[stage_id].stage
+                call = SimRequest(next(self._calls_seq), run, stage, t, stage.max_new_tokens)
+                rid = sglang_rid(call)
+                self.calls[rid] = call
+                self.script[rid] = self.tokens.segment(
+                    output_key(run.id, stage_id), call.output_target
                 )
                 out.append(self._tokenized(call))
         return out
 
-    def _tokenized(self, call: Call) -> Any:
+    def _tokenized(self, call: SimRequest) -> Any:
         task = call.task.task
         stage = task.stage(call.stage_id)
         params = metadata.encode(
@@ -171,7 +130,7 @@ class ReferenceLoop:
         sp.normalize(None)  # the tokenizer manager's job before a request reaches the scheduler
         sp.verify(self.tokens.vocab_size)
         return TokenizedGenerateReqInput(
-            rid=call.rid, input_text=None, input_ids=self.tokens.prompt(stage.prompt),
+            rid=sglang_rid(call), input_text=None, input_ids=self.tokens.prompt(stage.prompt),
             input_embeds=None, mm_inputs=None, token_type_ids=None, sampling_params=sp,
             return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
             token_ids_logprob=None, stream=False,
@@ -183,11 +142,10 @@ class ReferenceLoop:
         """A request re-enters the waiting queue: retracted (decode ran out of memory) or
         preempted by the policy. New requests enter here too (not in flight yet)."""
         call = self.calls.get(req.rid)
-        if call is not None and call.in_flight:
-            call.in_flight = False
+        if call is not None and call.admitted_s is not None:
             call.preemptions += 1
             call.admitted_s = None
-            self.preemptions += 1
+            self.rec.preemption()
 
     def run(self) -> dict[str, pd.DataFrame]:
         for task in self.w.tasks:
@@ -214,7 +172,7 @@ class ReferenceLoop:
                 self.clock.now = max(self.clock.now, self._heap[0][0])
                 continue
             self._iteration(batch)
-        return self._tables()
+        return self.rec.tables()
 
     def _iteration(self, batch: Any) -> None:
         s = self.sched
@@ -225,14 +183,12 @@ class ReferenceLoop:
             dur = self.cost.prefill_s(items)
             for req, cached in zip(batch.reqs, batch.prefix_lens, strict=True):
                 call = self.calls[req.rid]
-                if not call.in_flight:  # a fresh admission (not a chunk continuation)
-                    call.in_flight = True
+                if call.admitted_s is None:  # a fresh admission (not a chunk continuation)
                     call.admitted_s = start
                     if call.first_admitted_s is None:
                         call.first_admitted_s = start
                     call.cached_tokens = int(cached)
-                    self.prompt_tokens += call.prompt_tokens
-                    self.hit_tokens += min(int(cached), call.prompt_tokens)
+                    self.rec.admission(call.prompt_tokens, min(int(cached), call.prompt_tokens))
             new = int(sum(batch.extend_lens))
         else:
             ctx = sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
@@ -255,7 +211,6 @@ class ReferenceLoop:
         self.clock.now = start + dur
         s.process_batch_result(batch, result)
         s.last_batch = batch
-        self.iterations += 1
         reqs = list(batch.reqs)
         for req in reqs:
             call = self.calls[req.rid]
@@ -263,40 +218,29 @@ class ReferenceLoop:
             call.task.attained_s += dur
             if call.first_token_s is None and len(req.output_ids) > 0:
                 call.first_token_s = self.clock.now
-        self._timeline_row("prefill" if extend else "decode", dur, reqs, new)
+        self._record_iteration("prefill" if extend else "decode", dur, reqs, new)
         for req in reqs:
             if req.finished() and self.calls[req.rid].finish_s is None:
                 self._finish(self.calls[req.rid], len(req.output_ids))
 
-    def _finish(self, call: Call, generated: int) -> None:
+    def _finish(self, call: SimRequest, generated: int) -> None:
         now = self.clock.now
         call.finish_s = now
-        self._requests.append(
-            (call.seq, call.task.task.id, call.stage_id, call.agent, call.kind,
-             call.prompt_tokens, generated, call.cached_tokens, call.ready_s,
-             call.first_admitted_s, call.admitted_s, call.first_token_s, call.finish_s,
-             call.preemptions, call.service_s, "ok")
-        )  # fmt: skip
-        ts = call.task
-        ts.pending -= 1
-        task = ts.task
-        for st in task.stages:
-            if call.stage_id in st.deps:
-                ts.remaining_deps[st.id] -= 1
-                if ts.remaining_deps[st.id] == 0:
-                    self._push(now + st.delay_s, READY, (ts, st.id))
-        if ts.pending == 0:
-            ts.finish_s = now
-            self._tasks.append(
-                (task.id, task.workflow, task.arrival_s, now, now - task.arrival_s,
-                 len(task.stages), ts.attained_s)
-            )  # fmt: skip
+        call.generated = generated
+        self.rec.request(call)
+        run = call.task
+        for child in run.stage_done(call.stage_id):
+            self._push(now + child.delay_s, READY, (run, child.id))
+        if run.pending == 0:
+            run.finish_s = now
+            self.rec.task(run)
             self.done_tasks += 1
             if self.on_task_done is not None:
                 self.on_task_done(self.done_tasks)
 
-    def _timeline_row(self, kind: str, dur: float, reqs: list[Any], new: int) -> None:
+    def _record_iteration(self, kind: str, dur: float, reqs: list[Any], new: int) -> None:
         if not self.record_timeline:
+            self.rec.iteration(1, None)
             return
         s = self.sched
         batch = len(reqs)
@@ -306,22 +250,23 @@ class ReferenceLoop:
         cache = int(s.tree_cache.evictable_size()) + int(s.tree_cache.protected_size())
         used = budget - free
         waiting = len(s.waiting_queue)
-        last = self._timeline[-1] if self._timeline else None
+        last = self.rec.last_row
         # Consecutive decode steps of an unchanged batch and queue merge into one row, as the
         # simulator's closed-form decode runs do.
         if (
             kind == "decode" and last is not None and last[1] == "decode"
             and last[4] == batch and last[9] == waiting and last[11] == agents
         ):  # fmt: skip
-            self._timeline[-1] = (
+            row = (
                 last[0], "decode", last[2] + 1, last[3] + dur, batch, last[5] + new, used,
                 cache, used - cache, waiting, last[10], agents,
             )  # fmt: skip
+            self.rec.iteration(1, row, merge=True)
             return
-        self._timeline.append(
-            (self.clock.now - dur, kind, 1, dur, batch, new, used, cache, used - cache, waiting,
-             self._resident(), agents)
-        )  # fmt: skip
+        self.rec.iteration(1, (
+            self.clock.now - dur, kind, 1, dur, batch, new, used, cache, used - cache, waiting,
+            self._resident(), agents,
+        ))  # fmt: skip
 
     def _resident(self) -> str:
         from topas_bench.runners.sglang.adapter import device_prefix_len
@@ -333,13 +278,5 @@ class ReferenceLoop:
                 names.append(a.name)
         return "|".join(names)
 
-    def decision(self, wall_s: float, waiting: int, admit: int, preempt: int) -> None:
-        self._decisions.append((self.clock.now, wall_s, waiting, admit, preempt))
-
-    def _tables(self) -> dict[str, pd.DataFrame]:
-        return {
-            "requests": pd.DataFrame(self._requests, columns=REQUEST_COLUMNS),
-            "tasks": pd.DataFrame(self._tasks, columns=TASK_COLUMNS),
-            "timeline": pd.DataFrame(self._timeline, columns=TIMELINE_COLUMNS),
-            "decisions": pd.DataFrame(self._decisions, columns=DECISION_COLUMNS),
-        }
+    def decision(self, wall_s: float, waiting: int, d: Decision) -> None:
+        self.rec.decision(self.clock.now, wall_s, waiting, d)

@@ -1,8 +1,9 @@
 """SGLang 0.5.23's `SchedulePolicy.calc_priority` on the simulator's waiting queue.
 
-`managers/schedule_policy.py`, for the `--schedule-policy` a topas-bench policy names
-(`Policy.sglang_policy`); the policy decides afterwards, on the queue as this leaves it (the
-plugin's `TopasSchedulePolicy` runs SGLang's own pass the same way):
+`managers/schedule_policy.py`, for the `--schedule-policy` a topas-bench policy needs
+(`ServerNeeds.schedule_policy`); the policy decides afterwards, on the queue as this leaves it
+(the plugin's `TopasSchedulePolicy` runs SGLang's own pass the same way). The simulator's whole
+mirror of SGLang's queue pass is here, one row of `PASSES` per `--schedule-policy`:
 - `_determine_active_policy`: `lpm` and `hrrn` fall back to `fcfs` above 128 waiting requests;
 - cache-aware policies (`lpm`, `dfs-weight`, `hrrn`, `shortest-prefill-first`) match every
   waiting request (`_compute_prefix_matches`: splits, LRU stamps, the in-batch demotions of
@@ -22,16 +23,54 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from topas_bench.runners.sim.radix import Node, RadixCache
 from topas_bench.runners.sim.state import SimRequest
 from topas_bench.schedulers.lpm import IN_BATCH_THRESHOLD, PREFIX_MATCH_MAX, in_batch_demotions
 
-CACHE_AWARE = frozenset({"lpm", "dfs-weight", "hrrn", "shortest-prefill-first"})
-SORTED = frozenset({*CACHE_AWARE, "lof", "random"})
+#: `SchedulePolicy.calc_priority`'s pass per `--schedule-policy` (`Pass`). Filled below the
+#: class; covers `schedulers.base.SCHEDULE_POLICIES` (tests/test_needs.py).
+PASSES: dict[str, Pass] = {}
 #: SGLang's `WAITING_PREFIX_REFRESH_INTERVAL`.
 PREFIX_REFRESH_INTERVAL = 32
+
+
+Nodes = dict[int, Node]
+
+
+class Order(Protocol):
+    def __call__(
+        self,
+        qp: QueuePass,
+        waiting: list[SimRequest],
+        cache: RadixCache,
+        nodes: Nodes,
+        processed: int,
+        /,
+    ) -> list[SimRequest]:
+        """The queue in the pass's order (`nodes`: each request's last matched node, when the
+        pass matched them)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """One `--schedule-policy`'s pass.
+
+    order: how it orders the queue.
+    cache_aware: it matches every waiting request first (`_compute_prefix_matches`); the
+        others refresh prefixes (`_touch_waiting_prefixes`).
+    falls_back: above 128 waiting requests it is `fcfs`'s (`_determine_active_policy`).
+    cuts_chunk: it cuts the in-flight chunk for shorter waiting requests
+        (`shortest_prefill_chunk_limit`).
+    """
+
+    order: Order
+    cache_aware: bool = False
+    falls_back: bool = False
+    cuts_chunk: bool = False
 
 
 class Matcher(Protocol):
@@ -44,6 +83,8 @@ class QueuePass:
     """One server's `SchedulePolicy`: its counters and the last pass's matches."""
 
     def __init__(self, policy: str, eviction: str, seed: int = 0) -> None:
+        if policy not in PASSES:
+            raise ValueError(f"no SGLang queue pass {policy!r}; known: {', '.join(PASSES)}")
         self.policy = policy
         self.eviction = eviction
         self.rng = random.Random(seed)
@@ -53,7 +94,7 @@ class QueuePass:
         self.demoted: set[int] = set()
 
     def active(self, waiting: int) -> str:
-        if self.policy in ("lpm", "hrrn") and waiting > PREFIX_MATCH_MAX:
+        if PASSES[self.policy].falls_back and waiting > PREFIX_MATCH_MAX:
             return "fcfs"
         return self.policy
 
@@ -62,31 +103,63 @@ class QueuePass:
     ) -> list[SimRequest]:
         """The queue after SGLang's pass (`processed`: its prefill-token counter)."""
         active = self.active(len(waiting))
-        if active not in CACHE_AWARE:
-            self._touch(waiting, match, active)
-            if active == "lof":
-                return sorted(waiting, key=lambda r: -r.max_new_tokens)
-            if active == "random":
-                out = list(waiting)
-                self.rng.shuffle(out)
-                return out
-            return waiting
+        pass_ = PASSES[active]
         nodes: dict[int, Node] = {}
-        hits: dict[int, int] = {}
-        self.matched = {}
-        for r in waiting:
-            hits[r.rid], nodes[r.rid] = match(r)
-            self.matched[r.rid] = min(hits[r.rid], r.fill_tokens - 1)
-        self.demoted = in_batch_demotions(waiting, hits, IN_BATCH_THRESHOLD, IN_BATCH_THRESHOLD)
-        if active == "lpm":
-            inf = float("inf")
-            return sorted(
-                waiting, key=lambda r: inf if r.rid in self.demoted else -self.matched[r.rid]
-            )
-        if active == "dfs-weight":
-            return dfs_weight_order(cache.root, waiting, nodes)
-        if active == "hrrn":
-            return sorted(waiting, key=lambda r: self._hrrn_key(r, processed))
+        if pass_.cache_aware:
+            # `_compute_prefix_matches`: every waiting request matched (splits, LRU stamps)
+            hits: dict[int, int] = {}
+            self.matched = {}
+            for r in waiting:
+                hits[r.rid], nodes[r.rid] = match(r)
+                self.matched[r.rid] = min(hits[r.rid], r.fill_tokens - 1)
+            self.demoted = in_batch_demotions(waiting, hits, IN_BATCH_THRESHOLD, IN_BATCH_THRESHOLD)
+        else:
+            self._touch(waiting, match, active)
+        return pass_.order(self, waiting, cache, nodes, processed)
+
+    def _keep(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`fcfs` (and `routing-key` here: the policy sorts by agent, `sglang_stock`)."""
+        return waiting
+
+    def _longest_output(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_longest_output`: `max_new_tokens`, longest first."""
+        return sorted(waiting, key=lambda r: -r.max_new_tokens)
+
+    def _shuffle(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_randomly`: a shuffle from the server's seeded generator."""
+        out = list(waiting)
+        self.rng.shuffle(out)
+        return out
+
+    def _longest_prefix(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_longest_prefix`: matched length, longest first; demoted requests last."""
+        inf = float("inf")
+        return sorted(waiting, key=lambda r: inf if r.rid in self.demoted else -self.matched[r.rid])
+
+    def _dfs_weight(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_dfs_weight` (`dfs_weight_order`)."""
+        return dfs_weight_order(cache.root, waiting, nodes)
+
+    def _hrrn(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_hrrn`: the highest response ratio first."""
+        return sorted(waiting, key=lambda r: self._hrrn_key(r, processed))
+
+    def _shortest_prefill(
+        self, waiting: list[SimRequest], cache: RadixCache, nodes: Nodes, processed: int
+    ) -> list[SimRequest]:
+        """`_sort_by_shortest_prefill`: the least uncached work first, then queue entry."""
         return sorted(waiting, key=lambda r: (r.rid in self.demoted, self._work(r), r.enqueue_seq))
 
     def replayable(self, waiting: int) -> bool:
@@ -134,7 +207,7 @@ class QueuePass:
         self, chunked: SimRequest, waiting: Sequence[SimRequest], budget: int
     ) -> int | None:
         """`shortest_prefill_chunk_limit` (page size 1), None when it does not apply."""
-        if self.policy != "shortest-prefill-first" or budget < 2:
+        if not PASSES[self.policy].cuts_chunk or budget < 2:
             return None
         remaining = chunked.fill_tokens - chunked.prefix_len
         reserved = 0
@@ -144,6 +217,20 @@ class QueuePass:
                 break
             reserved += work
         return budget - reserved if reserved else None
+
+
+PASSES.update({
+    "fcfs": Pass(QueuePass._keep),
+    "lof": Pass(QueuePass._longest_output),
+    "random": Pass(QueuePass._shuffle),
+    "routing-key": Pass(QueuePass._keep),
+    "lpm": Pass(QueuePass._longest_prefix, cache_aware=True, falls_back=True),
+    "dfs-weight": Pass(QueuePass._dfs_weight, cache_aware=True),
+    "hrrn": Pass(QueuePass._hrrn, cache_aware=True, falls_back=True),
+    "shortest-prefill-first": Pass(QueuePass._shortest_prefill, cache_aware=True, cuts_chunk=True),
+})  # fmt: skip
+#: The policies whose pass matches every waiting request.
+CACHE_AWARE = frozenset(name for name, p in PASSES.items() if p.cache_aware)
 
 
 def dfs_weight_order(

@@ -1,8 +1,9 @@
 """What a run records: per-request, per-task, per-iteration and per-decision tables.
 
 Both engines write the same columns (docs/design.md section 8), so analysis cannot tell them apart
-except by the run's identity. The recorder only appends tuples during the run; DataFrames are built
-once, at the end, outside the event loop."""
+except by the run's identity; the simulator and the reference engine's loop
+(`runners.sglang_cpu.loop`) keep them in the one `Recorder`. The recorder only appends tuples
+during the run; DataFrames are built once, at the end, outside the event loop."""
 
 from __future__ import annotations
 
@@ -60,12 +61,22 @@ class Recorder:
     def timeline_on(self) -> bool:
         return self._timeline_on
 
-    def iteration(self, steps: int, row: tuple[Any, ...] | None) -> None:
+    def iteration(self, steps: int, row: tuple[Any, ...] | None, *, merge: bool = False) -> None:
         """One iteration (or a closed-form run of `steps` decode steps); `row` is its
-        timeline row (TIMELINE_COLUMNS), built by the engine only when `timeline_on`."""
+        timeline row (TIMELINE_COLUMNS), built by the engine only when `timeline_on`. `merge`:
+        the row replaces the latest one, which it extends (the reference engine's consecutive
+        decode steps of an unchanged batch are one row, as a closed-form run is)."""
         self.iterations += steps
         if row is not None:
-            self._timeline.append(row)
+            if merge:
+                self._timeline[-1] = row
+            else:
+                self._timeline.append(row)
+
+    @property
+    def last_row(self) -> tuple[Any, ...] | None:
+        """The latest timeline row (None before the first, or with the timeline off)."""
+        return self._timeline[-1] if self._timeline else None
 
     def shorten_last(self, dropped_steps: int, duration_s: float, dropped_tokens: int) -> None:
         """The latest iteration run lost its last `dropped_steps` decode steps (a cluster's
@@ -105,12 +116,22 @@ class Recorder:
              len(t.stages), t.attained_s)
         )  # fmt: skip
 
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The four tables, by name (their parquet files' stems)."""
+        return {
+            "requests": pd.DataFrame(self._requests, columns=REQUEST_COLUMNS),
+            "tasks": pd.DataFrame(self._tasks, columns=TASK_COLUMNS),
+            "timeline": pd.DataFrame(self._timeline, columns=TIMELINE_COLUMNS),
+            "decisions": pd.DataFrame(self._decisions, columns=DECISION_COLUMNS),
+        }
+
     def result(self, sim_time_s: float, wall_s: float) -> SimResult:
+        t = self.tables()
         return SimResult(
-            requests=pd.DataFrame(self._requests, columns=REQUEST_COLUMNS),
-            tasks=pd.DataFrame(self._tasks, columns=TASK_COLUMNS),
-            timeline=pd.DataFrame(self._timeline, columns=TIMELINE_COLUMNS),
-            decisions=pd.DataFrame(self._decisions, columns=DECISION_COLUMNS),
+            requests=t["requests"],
+            tasks=t["tasks"],
+            timeline=t["timeline"],
+            decisions=t["decisions"],
             sim_time_s=sim_time_s,
             wall_s=wall_s,
             iterations=self.iterations,

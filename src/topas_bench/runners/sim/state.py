@@ -1,7 +1,9 @@
-"""Mutable per-run state of the simulator: requests, stages and tasks in flight.
+"""Mutable per-run state of the workflow client and the simulated server: requests, stages and
+tasks in flight. The simulator and the reference engine's loop (`runners.sglang_cpu.loop`) both
+keep their requests and tasks here, and release a task's DAG through `TaskRun.stage_done`.
 
 These objects satisfy the read-only `RequestView`, `StageView` and `TaskView` protocols that
-policies see; only the engine mutates them. The true output length is held under a private
+policies see; only the engines mutate them. The true output length is held under a private
 name and is not part of any view.
 """
 
@@ -194,6 +196,22 @@ class TaskRun:
     def set_state(self, stage_id: str, state: StageState) -> None:
         self._stages[stage_id].state = state
         self.version += 1
+
+    def stage_done(self, stage_id: str) -> list[StageRun]:
+        """The stage's request finished: the stage is done, and each child whose last
+        dependency it was is released (DELAYED: the client's delay runs, then the caller
+        sends it). Returns the released children, in the task's stage order."""
+        st = self._stages[stage_id]
+        self.set_state(stage_id, StageState.DONE)
+        self.pending -= 1
+        released = []
+        for child_id in st.children:
+            child = self._stages[child_id]
+            child.remaining_deps -= 1
+            if child.remaining_deps == 0:
+                self.set_state(child_id, StageState.DELAYED)
+                released.append(child)
+        return released
 
     @property
     def id(self) -> str:

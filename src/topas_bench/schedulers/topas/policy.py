@@ -28,6 +28,7 @@ from topas_bench.schedulers.base import (
     PrefixLocation,
     PrefixView,
     RequestView,
+    ServerNeeds,
     StageState,
 )
 from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim
@@ -41,7 +42,6 @@ class Topas(Policy):
     """TOPAS: joint prefix residency, admission and preemption (the paper's scheduler)."""
 
     name = "topas"
-    acts_while_full = True
     defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **params: Any) -> None:
@@ -57,6 +57,12 @@ class Topas(Policy):
     @property
     def params(self) -> dict[str, Any]:
         return {k: v for k, v in self.p.as_dict().items() if k not in self.defaults}
+
+    @property
+    def needs(self) -> ServerNeeds:
+        """The door for acting while the batch is full: asked at every iteration while
+        requests wait, so it can preempt for a better candidate."""
+        return ServerNeeds(acts_while_full=True)
 
     # -- the decision ----------------------------------------------------------------------
     def decide(self, view: EngineView) -> Decision:
