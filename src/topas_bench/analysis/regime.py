@@ -184,19 +184,17 @@ def regime_markdown(table: pd.DataFrame) -> str:
     return head + "\n\n".join(parts) + "\n"
 
 
-def _level(r: pd.Series) -> float:
-    """A cell's budget level in the figure: its multiple of W (3 decimals), else its tokens."""
-    m = float(r["kv_multiple"])
-    return round(m, 3) if not math.isnan(m) else float(r["kv_budget_tokens"])
-
-
 def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
     """One workload's heat maps (module docstring)."""
     scales = sorted(w["output_scale"].unique())
     # rows are budget levels: the multiple of W, which is the same across output scales while
-    # the tokens are not (one call's need grows with the outputs); tokens where it is unknown
-    w = w.assign(level=[_level(r) for _, r in w.iterrows()])
+    # the tokens are not (one call's need grows with the outputs); the tokens when any multiple
+    # is unknown (one kind of level per figure, so the labels are all of one kind)
+    multiples = bool(w["kv_multiple"].notna().all())
+    w = w.assign(level=w["kv_multiple"].round(3) if multiples else w["kv_budget_tokens"])
     budgets = sorted(w["level"].unique())
+    labels = [f"x{y:.2f}" if multiples else f"{int(y):,}" for y in budgets]
+    ylabel = "KV budget (x W; tokens in the cell)" if multiples else "KV budget (tokens)"
     col_x, xlabel = x_axis(w)  # load, or the rate when a cell has no load
     if col_x == "load":  # FCFS's, or the best of the sweep's `load_reference`
         xlabel = "load (x the reference schedulers' best saturation rate)"
@@ -231,11 +229,8 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
             for a, b in zip(*np.nonzero(np.isnan(z)), strict=True):
                 ax.text(b, a, "not run", ha="center", va="center", fontsize=8, color="gray")
             ax.set_xticks(range(len(loads)), [f"{x:.4g}" for x in loads])
-            multiples = w["kv_multiple"].notna().all()
-            labels = [f"x{y:.2f}" if multiples else f"{int(y):,}" for y in budgets]
             ax.set_yticks(range(len(budgets)), labels if j == 0 else [""] * len(budgets),
                           fontsize=8)  # fmt: skip
-            ylabel = "KV budget (x W; tokens in the cell)" if multiples else "KV budget (tokens)"
             ax.set(ylabel=ylabel if j == 0 else "",
                    title=f"outputs x{x:g}: {m} JCT")  # fmt: skip
             ax.grid(False)
