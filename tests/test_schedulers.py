@@ -110,6 +110,9 @@ class FakeView:
     def lock_cost(self, req: RequestView) -> int:
         return 0
 
+    def admission_costs(self, reqs: Sequence[RequestView]) -> list[int]:
+        return [self.admission_need(r) + self.lock_cost(r) for r in reqs]
+
     def reload_s(self, agent: str) -> float:
         return 0.0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -99,6 +100,9 @@ class View:
 
     def lock_cost(self, req: Any) -> int:
         return 0
+
+    def admission_costs(self, reqs: Sequence[Any]) -> list[int]:
+        return [self.admission_need(r) + self.lock_cost(r) for r in reqs]
 
     def reload_s(self, agent: str) -> float:
         return self.reloads.get(agent, 0.0)

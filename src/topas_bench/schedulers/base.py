@@ -117,6 +117,11 @@ class EngineView(Protocol):
         (and so take out of the admission budget)."""
         ...
 
+    def admission_costs(self, reqs: Sequence[RequestView]) -> list[int]:
+        """`admission_need(r) + lock_cost(r)` of each request, in order: the same numbers,
+        asked once for a whole queue (an engine may answer it in one pass)."""
+        ...
+
     def absent_reload_s(self, agent: str) -> float:
         """Seconds to bring `agent`'s prefix onto the GPU were it not there: a host-tier load
         when the engine has a host tier (evicted prefixes go there), else the prefill time to

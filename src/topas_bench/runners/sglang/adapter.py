@@ -437,6 +437,9 @@ class SglangView:
             return max(hit - len(self._t.agent_prefixes.get(req.agent, ())), 0)
         return hit
 
+    def admission_costs(self, reqs: Sequence[Any]) -> list[int]:
+        return [self.admission_need(r) + self.lock_cost(r) for r in reqs]
+
     def absent_reload_s(self, agent: str) -> float:
         """No host tier here: the prefill time to recompute the prefix."""
         ids = self._t.agent_prefixes.get(agent)

@@ -132,6 +132,41 @@ class SimView:
             return max(hit - sim.prefix_tokens.get(r.agent, 0), 0)
         return hit
 
+    def admission_costs(self, reqs: Sequence[RequestView]) -> list[int]:
+        """`admission_need(r) + lock_cost(r)` of each request in one pass: the two methods'
+        arithmetic with the probe memo read once per request (a decision asks it of the whole
+        queue)."""
+        sim = self._sim
+        cache = sim.cache
+        version = cache.version
+        clip = sim.cfg.clip_max_new_tokens
+        if self._running_agents is None:
+            self._running_agents = {x.agent for x in sim.running}
+        shielded = self._running_agents | sim.pins.keys()
+        prefix_tokens = sim.prefix_tokens
+        out = []
+        for req in reqs:
+            r: SimRequest = req  # type: ignore[assignment]
+            fill = r.prompt_tokens + r.generated
+            memo_version, memo_fill, hit = r.probe_memo
+            if memo_version != version or memo_fill != fill:
+                hit = cache.probe(r.fill())[0]
+                r.probe_memo = (version, fill, hit)
+            # (conditional expressions for max and min: the same numbers, a decision asks
+            # this of hundreds of requests)
+            extend = fill - hit
+            left = r.max_new_tokens - r.generated
+            left = 0 if left < 0 else clip if left > clip else left
+            cost = (extend if extend > 1 else 1) + left + 1
+            agent = r.agent
+            if agent and agent in shielded:
+                beyond = hit - prefix_tokens.get(agent, 0)
+                cost += beyond if beyond > 0 else 0
+            else:
+                cost += hit
+            out.append(cost)
+        return out
+
     def _resident(self, agent: str) -> tuple[int, int]:
         # memoised while the tree is unchanged (its version): probes are read-only
         sim = self._sim

@@ -169,10 +169,12 @@ class Topas(Policy):
         h_age = self.p.h_age_s if self.p.h_age_s is not None else self.p.h_age_mult * scale
         now = view.now_s
         weight: dict[str, float] = {}
+        tasks, aging = view.tasks, self.p.use_aging and h_age > 0
         for tid, length in lengths.items():
             g = 1.0
-            if self.p.use_aging and h_age > 0:
-                g += rho * math.log1p(max(now - view.tasks[tid].arrival_s, 0.0) / h_age)
+            if aging:
+                waited = now - tasks[tid].arrival_s
+                g += rho * math.log1p((waited if waited > 0.0 else 0.0) / h_age)
             if alpha and length > 0:
                 g *= (mean_len / length) ** alpha
             weight[tid] = g * horizon
@@ -190,22 +192,26 @@ class Topas(Policy):
             for a, pv in prefixes.items()
         }
         density = self.p.density
-        need, lock = view.admission_need, view.lock_cost
-        for r in view.waiting:
-            gain = weight[r.task_id] * paths[r.task_id].delta_share[r.stage_id]
-            gains[r.rid] = gain
-            agent_gain[r.agent] = agent_gain.get(r.agent, 0.0) + gain
+        waiting = view.waiting
+        if density:  # what each would take: admission need + lock cost, the queue at once
+            costs = dict(zip([r.rid for r in waiting], view.admission_costs(waiting), strict=True))
+        for r in waiting:
+            tid, rid, agent = r.task_id, r.rid, r.agent
+            gain = weight[tid] * paths[tid].delta_share[r.stage_id]
+            gains[rid] = gain
+            agent_gain[agent] = agent_gain.get(agent, 0.0) + gain
             if now - r.ready_s > limit:
                 urgent.append(r)
                 continue
             key = gain
             if density:  # gain per token of memory it would take
-                cost = costs[r.rid] = need(r) + lock(r)
-                key = gain / max(cost + unpaid.get(r.agent, 0), 1)
-            item = (key, -r.queued_s, -r.rid, r)
+                denom = costs[rid] + unpaid.get(agent, 0)
+                key = gain / (denom if denom > 1 else 1)
+            # (rids are unique: tuples compare before reaching the request)
+            item = (key, -r.queued_s, -rid, r)
             if len(heap) < scan:
                 heapq.heappush(heap, item)
-            elif item[:3] > heap[0][:3]:
+            elif item > heap[0]:
                 heapq.heapreplace(heap, item)
         urgent.sort(key=lambda r: (r.ready_s, r.rid))
         heap.sort(reverse=True)
@@ -219,7 +225,7 @@ class Topas(Policy):
             )
             known = costs.get(r.rid)
             if known is None:
-                known = costs[r.rid] = need(r) + lock(r)
+                known = costs[r.rid] = view.admission_costs((r,))[0]
             out.append(Candidate(
                 req=r, agent=r.agent, gain=gains[r.rid], cost=known, prefix=unlocked,
                 absent=pv is not None and not resident, service_s=est.residual_service_s(r),

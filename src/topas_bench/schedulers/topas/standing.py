@@ -220,11 +220,11 @@ class Certificate:
         self.agent_of = np.array(rows.agent_of, dtype=np.int64)
         self.share = np.array(rows.share)
         costs = pool.costs
-        need, lock = view.admission_need, view.lock_cost
-        self.cost = np.array(
-            [costs[r.rid] if r.rid in costs else need(r) + lock(r) for r in rows.requests],
-            dtype=float,
-        )
+        missing = [r for r in rows.requests if r.rid not in costs]
+        if missing:
+            more = view.admission_costs(missing)
+            costs = {**costs, **dict(zip([r.rid for r in missing], more, strict=True))}
+        self.cost = np.array([costs[r.rid] for r in rows.requests], dtype=float)
         self.urgent = np.array(rows.starving, dtype=bool)
         inp, gain = self.inp, pool.agent_gain
         order = sorted(
