@@ -79,6 +79,12 @@ class PackInputs:
     preempt_margin_s: float
     open_agents: frozenset[str] = frozenset()  # agents with no shared prefix: never restricted
     running_tasks: frozenset[str] = frozenset()  # tasks with a running request (a move stalls)
+    #: (expected finish, frees) of each victim, soonest first: when memory comes back anyway
+    releases: tuple[tuple[float, int], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        releases = tuple(sorted((v.release_s, v.frees) for v in self.victims))
+        object.__setattr__(self, "releases", releases)
 
 
 def pin_delta(inp: PackInputs, keep: frozenset[str]) -> int:
@@ -97,22 +103,26 @@ def greedy_pack(inp: PackInputs, allowed: frozenset[str] | None, keep: frozenset
     pack.used = float(delta)
     paid = set(keep) | inp.locked_agents | set(inp.kept_unlocked)
     absent_taken: set[str] = set()
-    releases = sorted((v.release_s, v.frees) for v in inp.victims)
+    releases = inp.releases
     victims = list(inp.victims)
     reserved: list[Candidate] = []  # blocked candidates later ones must not delay
+    # (locals and an action count kept by hand: the search packs up to 2M + 3 sets a decision)
+    admits, preempts, open_agents = pack.admits, pack.preempts, inp.open_agents
+    max_actions = inp.max_actions
     for cand in itertools.islice(inp.ranked, inp.scan):
-        if pack.actions >= inp.max_actions:
+        if len(admits) + len(preempts) >= max_actions:
             break
+        agent = cand.agent
         if (
             allowed is not None
-            and cand.agent not in allowed
+            and agent not in allowed
             and not cand.urgent
-            and cand.agent not in inp.open_agents
+            and agent not in open_agents
         ):
             continue
-        if cand.absent and cand.agent in absent_taken:
+        if cand.absent and agent in absent_taken:
             continue
-        cost = cand.cost - (cand.prefix if cand.agent in paid else 0)
+        cost = cand.cost - (cand.prefix if agent in paid else 0)
         if cost >= budget and not reserved:
             budget = _preempt_for(cand, cost, budget, victims, pack, inp)
         if cost >= budget:
@@ -123,11 +133,11 @@ def greedy_pack(inp: PackInputs, allowed: frozenset[str] | None, keep: frozenset
             continue
         budget -= cost
         pack.used += cost
-        pack.admits.append(cand)
+        admits.append(cand)
         pack.gain += cand.gain
-        paid.add(cand.agent)
+        paid.add(agent)
         if cand.absent:
-            absent_taken.add(cand.agent)
+            absent_taken.add(agent)
     return pack
 
 
@@ -164,7 +174,7 @@ def _backfill_ok(
     cand: Candidate,
     cost: int,
     budget: float,
-    releases: list[tuple[float, int]],
+    releases: Sequence[tuple[float, int]],
     reserved: list[Candidate],
     paid: set[str],
 ) -> bool:

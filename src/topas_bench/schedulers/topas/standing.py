@@ -154,6 +154,9 @@ class Certificate:
     def _prove(self) -> Standing | None:
         if not self.visited or not self.running:
             return None
+        if self._scores_cannot_hold():
+            self.failed = "scores"
+            return None
         if not self._prepare():
             self.failed = self.failed or "starvation"
             return None
@@ -396,6 +399,22 @@ class Certificate:
             steps=steps, until_s=until, tpot_lo_s=self.tpot_lo, tpot_hi_s=self.tpot_hi,
             budget_lo=budget_lo, budget_hi=budget_hi,
         )  # fmt: skip
+
+    def _scores_cannot_hold(self) -> bool:
+        """Whether `_comparisons_hold` fails at every window, whatever its bounds: a comparison
+        with an acting set that preferred y, or kept an acting x. Those two tests read only
+        the scores and which sets act, so no window can pass them; checking them first spares
+        the proof (the answer, None, is the same)."""
+        if not self.acting.any():
+            return False
+        where = {keep: s for s, keep in enumerate(self.visited)}
+        for x, y, margin in self.comparisons:
+            i, j = where[x], where[y]
+            if not (self.acting[i] or self.acting[j]):
+                continue
+            if self.scores[j] > self.scores[i] + margin or self.acting[i]:
+                return True
+        return False
 
     def _comparisons_hold(self, best: F64) -> bool:
         """4 with packs that act: every comparison of scores the search made goes the same
