@@ -500,3 +500,31 @@ def test_stages_start_after_all_dependencies_plus_delay() -> None:
         assert rows[s.id]["ready_s"] == pytest.approx(ready, abs=1e-12)
         assert rows[s.id]["first_admitted_s"] >= rows[s.id]["ready_s"]
     assert rows["s22"]["first_admitted_s"] < rows["s1"]["first_admitted_s"]
+
+
+@pytest.mark.parametrize(
+    ("name", "clip"), [("dag4", 4096), ("metagpt-tl", 4096), ("metagpt-tl", 300)]
+)
+def test_view_admission_costs_are_need_plus_lock_cost(name: str, clip: int) -> None:
+    """`SimView.admission_costs` (one pass over a queue) gives `admission_need + lock_cost` of
+    every waiting request, at every decision of a contended TOPAS run (pins, running agents,
+    partly cached prompts, retracted requests)."""
+    from topas_bench.workloads.registry import generate
+
+    w = generate(name, num_tasks=30, rate_per_s=1.0, seed=3)
+    policy = make_policy("topas")
+    decide = policy.decide
+    checked = 0
+
+    def checking(view: EngineView) -> Decision:
+        nonlocal checked
+        waiting = list(view.waiting)
+        expected = [view.admission_need(r) + view.lock_cost(r) for r in waiting]
+        assert view.admission_costs(waiting) == expected
+        checked += len(waiting)
+        return decide(view)
+
+    policy.decide = checking  # type: ignore[method-assign]
+    budget = max(a.prefix_tokens for a in w.agents) * 3 + 8000
+    run(w, policy, kv_budget_tokens=budget, clip_max_new_tokens=clip)
+    assert checked > 100

@@ -320,3 +320,37 @@ def test_residual_range_is_the_exact_range(seen: list[float], generated: int, st
     lo, hi = est.residual_tokens_range("a", "k", generated, steps)
     values = [est.residual_tokens("a", "k", g) for g in range(generated, generated + steps + 1)]
     assert (lo, hi) == (min(values), max(values))
+
+
+#: Settings in which the precheck refuses proofs (in the others it never fires).
+PRECHECKED = [("chain3", "derived"), ("dag4", "derived"), ("dag10-wide", "derived"),
+              ("metagpt-sop", "small"), ("metagpt-tl", "derived")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("workload", "setting"), PRECHECKED)
+def test_the_score_precheck_refuses_only_what_the_proof_refuses(
+    monkeypatch: pytest.MonkeyPatch, workload: str, setting: str
+) -> None:
+    """`Certificate._scores_cannot_hold` stops a proof early; wherever it does, the whole proof
+    (prepared, every window of the ladder) finds no standing either."""
+    import copy
+
+    from topas_bench.schedulers.topas.standing import Certificate
+
+    precheck = Certificate._scores_cannot_hold
+    refused = 0
+
+    def checked(self: Certificate) -> bool:
+        nonlocal refused
+        verdict = precheck(self)
+        if verdict:
+            twin = copy.copy(self)
+            twin._scores_cannot_hold = lambda: False  # type: ignore[method-assign]
+            twin.tally = None
+            assert twin._prove() is None
+            refused += 1
+        return verdict
+
+    monkeypatch.setattr(Certificate, "_scores_cannot_hold", checked)
+    simulate(workload, setting, stand=True, mode="cap", tasks=3 * TASKS[workload])
+    assert refused > 0
