@@ -144,6 +144,8 @@ class TrackedStage(WorkflowStage[StageMeta, TrackedRequest]):
         return self._children
 
     def _carried(self) -> Sequence[tuple[WorkflowStage[Any, Any], int]]:
+        if not self.spec.outputs:
+            return ()
         out: list[tuple[WorkflowStage[Any, Any], int]] = []
         for sid in self.spec.outputs:
             up = self._peers.get(sid)
