@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from topas_bench.results import RunIdentity, write_run
-from topas_bench.runners.sim.records import (
+from topas_bench.runners.records import (
     DECISION_COLUMNS,
     REQUEST_COLUMNS,
     TIMELINE_COLUMNS,

@@ -7,7 +7,8 @@ import pytest
 from topas_bench.runners.sim.admission import AddResult, PrefillAdder, running_offset
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.radix import RadixCache
-from topas_bench.runners.sim.state import SimRequest, TaskRun
+from topas_bench.runners.sim.state import SimRequest
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.workloads.model import Segment, Stage, Task
 
 

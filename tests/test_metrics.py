@@ -9,9 +9,9 @@ import pytest
 
 from topas_bench.analysis.metrics import RunTables, Slo, stage_summary, summarize
 from topas_bench.errors import TopasError
+from topas_bench.runners.records import REQUEST_COLUMNS
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import load_preset
-from topas_bench.runners.sim.records import REQUEST_COLUMNS
 from topas_bench.unloaded import unloaded_jct
 from topas_bench.workloads.registry import generate
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from topas_bench.cli import app
 from topas_bench.results import TABLES, read_meta
 from topas_bench.runners.engines import engine_version
-from topas_bench.runners.sim.records import REQUEST_COLUMNS
+from topas_bench.runners.records import REQUEST_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

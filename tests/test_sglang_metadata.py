@@ -284,7 +284,7 @@ def test_done_is_counted_not_scanned() -> None:
     t = TrackedTask(meta, 0.0)
     for sid in ("s0", "s1", "s2", "s3"):
         assert not t.done
-        t.finish_stage(sid)
+        t.stage_done(sid)
     assert t.done
     t.set_state("s1", StageState.WAITING)  # a retried stage: not done any more
     assert not t.done

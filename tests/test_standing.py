@@ -17,12 +17,12 @@ import pytest
 
 from topas_bench.runners.cluster.routers import Cluster, make_router
 from topas_bench.runners.cluster.sim import ClusterSim
+from topas_bench.runners.records import SimResult
 from topas_bench.runners.sglang_cpu.lockstep import budget_flip_config, budget_flip_workload
 from topas_bench.runners.sim import standing as sim_standing
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.runners.sim.records import SimResult
 from topas_bench.schedulers.base import Decision, EngineView, Standing
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.registry import make_policy

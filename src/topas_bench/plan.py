@@ -117,7 +117,7 @@ class Cell:
 @dataclass(frozen=True)
 class Served:
     """What an engine returns for one cell: the record tables (`results.TABLES`, the columns
-    of `runners.sim.records`), the counters the summary reads, simulated (or measured) and wall
+    of `runners.records`), the counters the summary reads, simulated (or measured) and wall
     seconds, and what else the cell records: `info` (more `run.json` fields), `extra`
     (`CellResult.extra`). `failed` (an error message) marks a partial result: its tables are
     kept in the cell's directory without `run.json`, and the error is raised."""

@@ -31,7 +31,8 @@ import numpy.typing as npt
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.engine import ITER, Simulator
-from topas_bench.runners.sim.state import SimRequest, TaskRun
+from topas_bench.runners.sim.state import SimRequest
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.schedulers.base import Policy
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import Workload
@@ -96,7 +97,7 @@ class Replica(Simulator):
         """The router sent the stage's request here (`Simulator._send`)."""
         self.now = now_s
         self._send((run, stage_id))
-        req = run.stages[stage_id].request
+        req: SimRequest | None = run.stages[stage_id].request
         assert req is not None
         return req
 

@@ -25,11 +25,12 @@ import pandas as pd
 
 from topas_bench.runners.cluster.replica import Replica
 from topas_bench.runners.cluster.routers import Route, Router
+from topas_bench.runners.records import SimResult
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.engine import ARRIVE, READY, SimulationError
-from topas_bench.runners.sim.records import SimResult
-from topas_bench.runners.sim.state import SimRequest, TaskRun
+from topas_bench.runners.sim.state import SimRequest
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.schedulers.base import Policy
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import Task, Workload

@@ -49,8 +49,8 @@ import numpy.typing as npt
 import pandas as pd
 
 from topas_bench.errors import TopasError
+from topas_bench.runners.records import TIMELINE_COLUMNS
 from topas_bench.runners.sim.cost import CostModel, Efficiency, Preset
-from topas_bench.runners.sim.records import TIMELINE_COLUMNS
 
 _TIME = r"\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})[^\]]*\]\s+"
 PREFILL = re.compile(

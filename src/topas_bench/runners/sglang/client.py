@@ -32,9 +32,13 @@ with exponential backoff; a stream cut mid-way or an attempt over `request_timeo
 again (`retries` times, backoff doubling); a request that still fails is recorded with its
 error as status, never dropped, and the stages after it in its task are recorded as skipped.
 
-Records carry the simulator's request columns (`runners.sim.records.REQUEST_COLUMNS`). What a
-client cannot see (admission times, preemptions) is NaN; cached tokens come from the server's
-`usage.prompt_tokens_details.cached_tokens` when it reports them, else NaN.
+A task is the workflow's `TaskRun` (`runners.workflow`), whose DAG every engine releases alike
+(`TaskRun.stage_done`); a call's and a task's rows are the records' (`runners.records`:
+`request_row`, `task_row`, the simulator's columns). What a client cannot see (admission times,
+preemptions) is NaN; cached tokens come from the server's
+`usage.prompt_tokens_details.cached_tokens` when it reports them, else NaN. What stays the
+client's own: wall-clock times, attempts and failures (`ClientCall`), and the journal its runner
+keeps of each finished task (`runner.py`).
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from topas_bench.runners.sglang import metadata
 from topas_bench.runners.sglang.api import RequestError, TransientError, classify, connect
 from topas_bench.runners.sglang.prompts import PromptBuilder
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.workloads.model import Stage, Task, Workload
 
 if TYPE_CHECKING:
@@ -87,17 +92,23 @@ class ClientConfig:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
 
 
-@dataclass
-class RequestRecord:
-    request_id: int
+@dataclass(slots=True)
+class ClientCall:
+    """One stage's call as the client saw it: its row (`runners.records.request_row`) and what
+    only a client over the network has (attempts, the server that answered, when the answered
+    attempt was sent, an error or skip as its status). Times are wall-clock seconds from the
+    run's start; what a client cannot see (admissions, preemptions) is NaN."""
+
+    rid: int
     task_id: str
     stage_id: str
     agent: str
     kind: str
     prompt_tokens: int
-    output_tokens: int
+    generated: int
     cached_tokens: float
-    ready_s: float
+    #: when the client sent it (released it to its queue: the `ready_s` column)
+    sent_s: float
     first_token_s: float
     finish_s: float
     status: str
@@ -105,44 +116,26 @@ class RequestRecord:
     #: the base URL of the server that answered, when its answer names it (`system_fingerprint`)
     served_by: str = ""
     #: when the answered attempt was sent (after the client's own queue and prompt check)
-    sent_s: float = NAN
+    attempt_s: float = NAN
 
-    def row(self) -> tuple[Any, ...]:
-        """In `REQUEST_COLUMNS` order."""
-        service = self.finish_s - self.ready_s if self.status == "ok" else NAN
-        return (
-            self.request_id, self.task_id, self.stage_id, self.agent, self.kind,
-            self.prompt_tokens, self.output_tokens, self.cached_tokens, self.ready_s, NAN, NAN,
-            self.first_token_s, self.finish_s, NAN, service, self.status,
-        )  # fmt: skip
+    first_admitted_s: ClassVar[float] = NAN
+    admitted_s: ClassVar[float] = NAN
+    preemptions: ClassVar[float] = NAN
 
-
-@dataclass
-class TaskRecord:
-    task_id: str
-    workflow: str
-    arrival_s: float
-    finish_s: float
-    stages: int
-    attained_s: float
-    ok: bool
-
-    def row(self) -> tuple[Any, ...]:
-        """In `TASK_COLUMNS` order."""
-        return (
-            self.task_id, self.workflow, self.arrival_s, self.finish_s,
-            self.finish_s - self.arrival_s, self.stages, self.attained_s,
-        )  # fmt: skip
+    @property
+    def service_s(self) -> float:
+        return self.finish_s - self.sent_s if self.status == "ok" else NAN
 
 
 class WorkflowClient:
-    """Runs tasks; `on_task` is called with each finished (or failed) task and its requests."""
+    """Runs tasks; `on_task` is called with each finished (or failed) task, its calls (by id)
+    and whether every call succeeded."""
 
     def __init__(
         self,
         cfg: ClientConfig,
         builder: PromptBuilder,
-        on_task: Callable[[TaskRecord, list[RequestRecord]], None] | None = None,
+        on_task: Callable[[TaskRun, list[ClientCall], bool], None] | None = None,
         prefix_tokens: dict[str, int] | None = None,
         api: AsyncOpenAI | None = None,
     ) -> None:
@@ -175,35 +168,42 @@ class WorkflowClient:
         return time.monotonic() - self._t0
 
     async def _task(self, task: Task, at_s: float) -> None:
+        """A task's DAG, released as every engine releases it (`TaskRun.stage_done`): a stage
+        is sent `delay_s` after its last dependency ends. A call that failed releases its
+        children too, which are then skipped, and theirs after them."""
         await asyncio.sleep(max(at_s - self.now(), 0.0))
-        arrival = self.now()
-        done: dict[str, asyncio.Future[bool]] = {
-            s.id: asyncio.get_running_loop().create_future() for s in task.stages
-        }
-        records: list[RequestRecord] = []
+        run = TaskRun(task)
+        run.arrival_s = arrival = self.now()
+        loop = asyncio.get_running_loop()
+        released = {s.id: loop.create_future() for s in task.stages if s.deps}
+        failed: set[str] = set()
+        calls: list[ClientCall] = []
 
         async def stage(st: Stage) -> None:
-            ok = all([await done[d] for d in st.deps])
-            if not ok:
-                rec = self._skipped(st, task)
+            if st.deps:
+                await released[st.id]
+            if failed.intersection(st.deps):
+                call = self._skipped(st, task)
             else:
                 await asyncio.sleep(st.delay_s)
-                rec = await self._request(task, st, arrival)
-            records.append(rec)
-            done[st.id].set_result(rec.status == "ok")
+                call = await self._request(task, st, arrival)
+            calls.append(call)
+            if call.status == "ok":
+                run.attained_s += call.service_s
+            else:
+                failed.add(st.id)
+            for child in run.stage_done(st.id):
+                released[child.id].set_result(None)
 
         await asyncio.gather(*(stage(s) for s in task.stages))
-        ok = all(r.status == "ok" for r in records)
-        finish = max((r.finish_s for r in records if r.status == "ok"), default=NAN)
-        attained = sum(r.finish_s - r.ready_s for r in records if r.status == "ok")
-        rec_task = TaskRecord(
-            task.id, task.workflow, arrival, finish if ok else NAN, len(task.stages), attained, ok
-        )
+        ok = not failed
+        finish = max((c.finish_s for c in calls if c.status == "ok"), default=NAN)
+        run.finish_s = finish if ok else NAN
         if self.on_task is not None:
-            self.on_task(rec_task, sorted(records, key=lambda r: r.request_id))
+            self.on_task(run, sorted(calls, key=lambda c: c.rid), ok)
 
-    def _skipped(self, st: Stage, task: Task) -> RequestRecord:
-        return RequestRecord(
+    def _skipped(self, st: Stage, task: Task) -> ClientCall:
+        return ClientCall(
             next(self._ids), task.id, st.id, st.agent, st.kind, st.prompt_tokens, 0, NAN,
             self.now(), NAN, NAN, "skipped: a dependency failed", 0,
         )  # fmt: skip
@@ -222,7 +222,7 @@ class WorkflowClient:
             extra["custom_params"] = metadata.encode(task, st, self._unix0 + arrival_s, prefix)
         return extra
 
-    async def _request(self, task: Task, st: Stage, arrival_s: float) -> RequestRecord:
+    async def _request(self, task: Task, st: Stage, arrival_s: float) -> ClientCall:
         rid = next(self._ids)
         ready = self.now()
         attempts = 0
@@ -244,8 +244,8 @@ class WorkflowClient:
 
     def _failed(
         self, rid: int, task: Task, st: Stage, ready: float, attempts: int, error: str
-    ) -> RequestRecord:
-        return RequestRecord(
+    ) -> ClientCall:
+        return ClientCall(
             rid, task.id, st.id, st.agent, st.kind, st.prompt_tokens, 0, NAN, ready, NAN,
             self.now(), error, attempts,
         )  # fmt: skip
@@ -253,7 +253,7 @@ class WorkflowClient:
     async def _attempt(
         self, rid: int, task: Task, st: Stage, ready: float, attempts: int, text: str,
         extra: dict[str, Any],
-    ) -> RequestRecord:  # fmt: skip
+    ) -> ClientCall:  # fmt: skip
         assert self._api is not None
         url = f"{self._api.base_url}completions"
         first = NAN
@@ -305,7 +305,7 @@ class WorkflowClient:
                 f"error: token counts {prompt} in / {output} out, expected "
                 f"{st.prompt_tokens} / {st.output_tokens}"
             )
-        return RequestRecord(
+        return ClientCall(
             rid, task.id, st.id, st.agent, st.kind, prompt, output,
             float(cached) if isinstance(cached, int) else NAN, ready,
             first if pieces else finish, finish, status, attempts, str(served_by), sent,

@@ -66,6 +66,7 @@ class RequestMeta:
 
 def encode(task: Task, stage: Stage, arrival_unix_s: float, prefix_tokens: int) -> dict[str, str]:
     """`custom_params` for one stage's request."""
+    made = {output_key(task.id, x.id): x.id for x in task.stages}
     record = {
         "v": SCHEMA,
         "task": task.id,
@@ -76,16 +77,16 @@ def encode(task: Task, stage: Stage, arrival_unix_s: float, prefix_tokens: int) 
         "arrival": arrival_unix_s,
         "prefix": prefix_tokens,
         "segments": [[s.key, s.tokens] for s in stage.prompt],
-        "dag": [_dag_item(task, s) for s in task.stages],
+        "dag": [_dag_item(s, made) for s in task.stages],
     }
     return {KEY: json.dumps(record, separators=(",", ":"))}
 
 
-def _dag_item(task: Task, s: Stage) -> list[Any]:
-    """A stage as the DAG sends it: its prompt without the outputs of its task's stages (a
-    client does not know a call's output before it is made), and which stages those are."""
-    made = {output_key(task.id, x.id): x.id for x in task.stages if x.id != s.id}
-    outs = [(made[g.key], g.tokens) for g in s.prompt if g.key in made]
+def _dag_item(s: Stage, made: Mapping[str, str]) -> list[Any]:
+    """A stage as the DAG sends it: its prompt without the outputs of its task's other stages
+    (a client does not know a call's output before it is made), and which stages those are.
+    `made`: each stage's output key -> its id (built once per task: linear in the DAG)."""
+    outs = [(made[g.key], g.tokens) for g in s.prompt if made.get(g.key, s.id) != s.id]
     text = s.prompt_tokens - sum(t for _, t in outs)
     return [s.id, s.agent, s.kind, list(s.deps), text, s.delay_s, [sid for sid, _ in outs]]
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from topas_bench.runners.records import TIMELINE_COLUMNS
 from topas_bench.runners.sglang.fleet import Fleet
-from topas_bench.runners.sim.records import TIMELINE_COLUMNS
 
 
 def replica_tables(

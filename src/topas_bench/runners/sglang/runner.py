@@ -29,11 +29,18 @@ import pandas as pd
 
 from topas_bench.errors import TopasError
 from topas_bench.plan import Cell, CellProgress, RunPlan, Served, cell_progress
+from topas_bench.runners.records import (
+    DECISION_COLUMNS,
+    REQUEST_COLUMNS,
+    TASK_COLUMNS,
+    TIMELINE_COLUMNS,
+    request_row,
+    task_row,
+)
 from topas_bench.runners.sglang.api import RequestError, connect, served_model
 from topas_bench.runners.sglang.client import (
+    ClientCall,
     ClientConfig,
-    RequestRecord,
-    TaskRecord,
     WorkflowClient,
     prefix_lengths,
 )
@@ -47,12 +54,7 @@ from topas_bench.runners.sglang.launcher import (
 )
 from topas_bench.runners.sglang.options import SglangOptions
 from topas_bench.runners.sglang.prompts import PromptBuilder, server_tokenizer
-from topas_bench.runners.sim.records import (
-    DECISION_COLUMNS,
-    REQUEST_COLUMNS,
-    TASK_COLUMNS,
-    TIMELINE_COLUMNS,
-)
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.spec import RunSpec
 
 JOURNAL = "partial.jsonl"
@@ -198,11 +200,11 @@ async def _drive_with(
     finished = len(plan.workload.tasks) - len(tasks)
     lock = threading.Lock()
 
-    def on_task(task: TaskRecord, reqs: list[RequestRecord]) -> None:
+    def on_task(run: TaskRun, calls: list[ClientCall], ok: bool) -> None:
         nonlocal finished
         line = json.dumps({
-            "task": [*task.row(), task.ok], "requests": [r.row() for r in reqs],
-            "served_by": [r.served_by for r in reqs], "sent_s": [r.sent_s for r in reqs],
+            "task": [*task_row(run), ok], "requests": [request_row(c, c.status) for c in calls],
+            "served_by": [c.served_by for c in calls], "sent_s": [c.attempt_s for c in calls],
         })  # fmt: skip
         with lock, open(journal, "a") as f:
             f.write(line + "\n")

@@ -5,7 +5,9 @@ same code runs under SGLang's real `Req` in the plugin and under plain objects i
 At every scheduling point the adapter calls `sync(waiting, running)`; the tracker then moves
 each request between WAITING, RUNNING and DONE (a RUNNING request seen waiting again was
 preempted or retracted), feeds finished requests to the service-time estimator, and updates
-the task DAGs built from the requests' metadata (`metadata.RequestMeta`).
+the task DAGs built from the requests' metadata (`metadata.RequestMeta`). Their tasks and stages
+are the workflow's (`runners.workflow`: the same views and DAG release as the simulator's),
+built here from metadata and lazily.
 
 Stages the server has not seen yet are BLOCKED while a dependency is unfinished, else DELAYED
 (the client's tool delay is running). A task leaves when all its stages are done, or when it
@@ -28,6 +30,7 @@ from topas_bench.runners.sglang.metadata import (
     independent,
     is_large,
 )
+from topas_bench.runners.workflow import WorkflowStage, WorkflowTask
 from topas_bench.schedulers.base import StageState
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import Segment
@@ -49,21 +52,29 @@ class TrackedRequest:
 
     __slots__ = (
         "admitted_s",
+        "agent",
         "engine",
         "first_admitted_s",
+        "kind",
         "meta",
         "preemptions",
         "queued_s",
         "ready_s",
         "rid",
         "served_s",
+        "stage_id",
         "state",
+        "task_id",
     )
 
     def __init__(self, rid: int, engine: EngineReq, meta: RequestMeta, now_s: float) -> None:
         self.rid = rid
         self.engine = engine
         self.meta = meta
+        self.task_id = meta.task_id
+        self.stage_id = meta.stage_id
+        self.agent = meta.agent
+        self.kind = meta.kind
         self.ready_s = now_s
         self.queued_s = now_s
         self.admitted_s: float | None = None
@@ -71,22 +82,6 @@ class TrackedRequest:
         self.preemptions = 0
         self.served_s = 0.0  # seconds of the batches it was in (`Tracker.served`)
         self.state = StageState.WAITING
-
-    @property
-    def task_id(self) -> str:
-        return self.meta.task_id
-
-    @property
-    def stage_id(self) -> str:
-        return self.meta.stage_id
-
-    @property
-    def agent(self) -> str:
-        return self.meta.agent
-
-    @property
-    def kind(self) -> str:
-        return self.meta.kind
 
     @property
     def prompt(self) -> Sequence[Segment]:
@@ -125,20 +120,22 @@ class TrackedRequest:
 _BLOCKED, _DELAYED = StageState.BLOCKED, StageState.DELAYED  # (enum lookups, per stage)
 
 
-class TrackedStage:
-    """A stage of a live task (satisfies `StageView`). Its children's ids are worked out on
-    first use: a DAG may have 100,000 stages, most of which no policy ever asks about."""
+class TrackedStage(WorkflowStage[StageMeta, TrackedRequest]):
+    """A stage of a task built from metadata. Its children's ids and the stages whose outputs
+    its prompt carries are worked out on first use: a DAG may have 100,000 stages, most of
+    which no policy ever asks about. An output adds what its request generated."""
 
-    __slots__ = ("_children", "_dag", "_kids", "_peers", "meta", "request", "state")
+    __slots__ = ("_children", "_dag", "_kids", "_peers")
 
     def __init__(self, meta: StageMeta, kids: list[int], dag: Sequence[StageMeta]) -> None:
-        self.meta = meta
+        self.spec = meta
+        self.sent_tokens = meta.prompt_tokens
         self._kids = kids  # indices into `dag`
         self._dag = dag
         self._peers: Mapping[str, TrackedStage] = {}  # its task's stages (`TrackedTask`)
         self._children: tuple[str, ...] | None = None
         self.state = _BLOCKED if meta.deps else _DELAYED
-        self.request: TrackedRequest | None = None
+        self.request = None
 
     @property
     def children(self) -> tuple[str, ...]:
@@ -146,59 +143,21 @@ class TrackedStage:
             self._children = tuple([self._dag[c].id for c in self._kids])
         return self._children
 
-    @property
-    def id(self) -> str:
-        return self.meta.id
-
-    @property
-    def agent(self) -> str:
-        return self.meta.agent
-
-    @property
-    def kind(self) -> str:
-        return self.meta.kind
-
-    @property
-    def deps(self) -> tuple[str, ...]:
-        return self.meta.deps
-
-    @property
-    def prompt_tokens(self) -> int:
-        """What exists of its prompt: the text sent, plus each finished upstream output."""
-        total = self.meta.prompt_tokens
-        for sid in self.meta.outputs:
+    def _carried(self) -> Sequence[tuple[WorkflowStage[Any, Any], int]]:
+        if not self.spec.outputs:
+            return ()
+        out: list[tuple[WorkflowStage[Any, Any], int]] = []
+        for sid in self.spec.outputs:
             up = self._peers.get(sid)
-            if up is not None and up.state == StageState.DONE and up.request is not None:
-                total += up.request.generated
-        return total
-
-    @property
-    def pending_outputs(self) -> tuple[tuple[str, str, str], ...]:
-        out = []
-        for sid in self.meta.outputs:
-            up = self._peers.get(sid)
-            if up is not None and up.state != StageState.DONE:
-                out.append((sid, up.agent, up.kind))
-        return tuple(out)
-
-    @property
-    def delay_s(self) -> float:
-        return self.meta.delay_s
+            if up is not None:
+                out.append((up, up.request.generated if up.request is not None else 0))
+        return out
 
 
-class TrackedTask:
-    """A live task (satisfies `TaskView`); its DAG comes from the first request's metadata."""
+class TrackedTask(WorkflowTask[TrackedStage]):
+    """A live task whose DAG comes from the first request's metadata."""
 
-    __slots__ = (
-        "_done",
-        "_stages",
-        "arrival_s",
-        "attained_s",
-        "id",
-        "last_seen_s",
-        "version",
-        "workflow",
-    )
+    __slots__ = ("last_seen_s",)
 
     def __init__(self, meta: RequestMeta, arrival_s: float) -> None:
         self.id = meta.task_id
@@ -211,33 +170,9 @@ class TrackedTask:
         order, children = _topo(dag)
         self._stages = {dag[i].id: TrackedStage(dag[i], children[i], dag) for i in order}
         for st in self._stages.values():
-            if st.meta.outputs:
+            if st.spec.outputs:
                 st._peers = self._stages
-        self._done = 0  # stages in state DONE (`done` in O(1): a DAG may have 100,000 stages)
-
-    @property
-    def stages(self) -> Mapping[str, TrackedStage]:
-        return self._stages
-
-    def set_state(self, stage_id: str, state: StageState) -> None:
-        st = self._stages[stage_id]
-        if st.state != state:
-            self._done += (state == StageState.DONE) - (st.state == StageState.DONE)
-            st.state = state
-            self.version += 1
-
-    def finish_stage(self, stage_id: str) -> None:
-        self.set_state(stage_id, StageState.DONE)
-        for child in self._stages[stage_id].children:
-            st = self._stages[child]
-            if st.state == StageState.BLOCKED and all(
-                self._stages[d].state == StageState.DONE for d in st.deps
-            ):
-                self.set_state(child, StageState.DELAYED)
-
-    @property
-    def done(self) -> bool:
-        return self._done == len(self._stages)
+        self._done = 0
 
 
 def _topo(stages: Sequence[StageMeta]) -> tuple[list[int], list[list[int]]]:
@@ -408,7 +343,7 @@ class Tracker:
         if task is None:
             return
         if tr.stage_id in task.stages:
-            task.finish_stage(tr.stage_id)
+            task.stage_done(tr.stage_id)
         if task.done:
             del self.tasks[task.id]
 

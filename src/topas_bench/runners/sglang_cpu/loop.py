@@ -10,9 +10,9 @@ clock jumps to the client's next event. Nothing sleeps; nothing reads the wall c
 The client side is the simulator's: a task's stages are sent when their dependencies have
 finished plus the stage's delay, with the same prompts (as token ids, `tokens.TokenIds`),
 `max_new_tokens` and `ignore_eos` (exact-length calls), and task metadata in `custom_params`.
-Requests and tasks are the simulator's (`runners.sim.state`: a task's DAG is released by
-`TaskRun.stage_done`), and the loop writes its records through the simulator's recorder
-(`runners.sim.records.Recorder`).
+Requests are the simulator's (`runners.sim.state`), tasks the workflow's (`runners.workflow`: a
+task's DAG is released by `TaskRun.stage_done`), and the loop writes its records through the
+simulator's recorder (`runners.records.Recorder`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import pandas as pd
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # type: ignore[import-not-found]
 from sglang.srt.sampling.sampling_params import SamplingParams  # type: ignore[import-not-found]
 
+from topas_bench.runners.records import Recorder
 from topas_bench.runners.sglang import metadata
 from topas_bench.runners.sglang_cpu.tokens import TokenIds
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.engine import Step
-from topas_bench.runners.sim.records import Recorder
-from topas_bench.runners.sim.state import SimRequest, TaskRun
+from topas_bench.runners.sim.state import SimRequest
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.schedulers.base import Decision
 from topas_bench.workloads.model import Workload, agent_key, output_key
 
@@ -231,7 +232,7 @@ class ReferenceLoop:
         run = call.task
         for child in run.stage_done(call.stage_id):
             self._push(now + child.delay_s, READY, (run, child.id))
-        if run.pending == 0:
+        if run.done:
             run.finish_s = now
             self.rec.task(run)
             self.done_tasks += 1

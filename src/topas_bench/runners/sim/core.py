@@ -19,15 +19,16 @@ import numpy as np
 import numpy.typing as npt
 
 from topas_bench.errors import TopasError
+from topas_bench.runners.records import Recorder
 from topas_bench.runners.sim import standing
 from topas_bench.runners.sim.calc_priority import QueuePass
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.pins import ContextPins, Prefetcher
 from topas_bench.runners.sim.radix import Node, RadixCache
-from topas_bench.runners.sim.records import Recorder
 from topas_bench.runners.sim.standing import Stand
-from topas_bench.runners.sim.state import SimRequest, TaskRun
+from topas_bench.runners.sim.state import SimRequest
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.schedulers.base import Policy
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import Workload

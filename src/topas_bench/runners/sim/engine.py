@@ -27,11 +27,11 @@ import heapq
 import time
 from typing import Any
 
+from topas_bench.runners.records import SimResult
 from topas_bench.runners.sim import standing
 from topas_bench.runners.sim.core import ARRIVE, ITER, READY, SimulationError, Step
 from topas_bench.runners.sim.pins import set_prefix_priorities
 from topas_bench.runners.sim.prefill import Prefill
-from topas_bench.runners.sim.records import SimResult
 from topas_bench.runners.sim.view import SimView
 from topas_bench.schedulers.base import Decision
 

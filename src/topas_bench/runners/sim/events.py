@@ -16,7 +16,8 @@ from typing import Any
 
 from topas_bench.runners.sim.core import ITER, READY
 from topas_bench.runners.sim.residency import Residency
-from topas_bench.runners.sim.state import SimRequest, TaskRun
+from topas_bench.runners.sim.state import SimRequest
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.schedulers.base import StageState
 from topas_bench.workloads.model import Task
 
@@ -100,7 +101,7 @@ class Events(Residency):
         run = req.task
         for child in run.stage_done(req.stage_id):
             self._push(self.now + child.delay_s, READY, (run, child.id))
-        if run.pending == 0:
+        if run.done:
             run.finish_s = self.now
             del self.tasks[run.id]
             self.rec.task(run)

@@ -1,19 +1,17 @@
-"""Mutable per-run state of the workflow client and the simulated server: requests, stages and
-tasks in flight. The simulator and the reference engine's loop (`runners.sglang_cpu.loop`) both
-keep their requests and tasks here, and release a task's DAG through `TaskRun.stage_done`.
+"""The simulated server's requests in flight, with SGLang's per-request KV bookkeeping. The
+simulator and the reference engine's loop (`runners.sglang_cpu.loop`) both keep their requests
+here; their tasks and stages are the workflow's (`runners.workflow.TaskRun`, whose
+`stage_done` releases a task's DAG).
 
-These objects satisfy the read-only `RequestView`, `StageView` and `TaskView` protocols that
-policies see; only the engines mutate them. The true output length is held under a private
-name and is not part of any view.
+A request satisfies the read-only `RequestView` protocol that policies see; only the engines
+mutate it. The true output length is held under a private name and is not part of any view.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from topas_bench.runners.sim.radix import Node
-from topas_bench.schedulers.base import StageState
-from topas_bench.workloads.model import Segment, Stage, Task, output_key
+from topas_bench.runners.workflow import TaskRun
+from topas_bench.workloads.model import Segment, Stage
 from topas_bench.workloads.pieces import Piece, fill_pieces
 
 
@@ -111,116 +109,3 @@ class SimRequest:
     @property
     def context_tokens(self) -> int:
         return self.prompt_tokens + self.generated
-
-
-class StageRun:
-    """A stage of a live task (satisfies `StageView`). Until it is sent, its prompt size counts
-    only what exists: the outputs of stages of its task that have not finished are left out
-    (they are `pending_outputs`), so the view never shows a true output before it is made."""
-
-    __slots__ = ("_outputs", "_stage", "children", "remaining_deps", "request", "state")
-
-    def __init__(self, stage: Stage, children: tuple[str, ...]) -> None:
-        self._stage = stage
-        self.children = children
-        self.remaining_deps = len(stage.deps)
-        self.state = StageState.BLOCKED if stage.deps else StageState.DELAYED
-        self.request: SimRequest | None = None
-        #: (stage of the same task, tokens) of each output its prompt carries (`TaskRun`)
-        self._outputs: tuple[tuple[StageRun, int], ...] = ()
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
-
-    @property
-    def id(self) -> str:
-        return self._stage.id
-
-    @property
-    def agent(self) -> str:
-        return self._stage.agent
-
-    @property
-    def kind(self) -> str:
-        return self._stage.kind
-
-    @property
-    def deps(self) -> tuple[str, ...]:
-        return self._stage.deps
-
-    @property
-    def prompt_tokens(self) -> int:
-        total = self._stage.prompt_tokens
-        for up, tokens in self._outputs:
-            if up.state != StageState.DONE:
-                total -= tokens
-        return total
-
-    @property
-    def pending_outputs(self) -> tuple[tuple[str, str, str], ...]:
-        return tuple(
-            (up.id, up.agent, up.kind) for up, _ in self._outputs if up.state != StageState.DONE
-        )
-
-    @property
-    def delay_s(self) -> float:
-        return self._stage.delay_s
-
-
-class TaskRun:
-    """A live task (satisfies `TaskView`)."""
-
-    __slots__ = ("_stages", "arrival_s", "attained_s", "finish_s", "pending", "task", "version")
-
-    def __init__(self, task: Task) -> None:
-        self.task = task
-        self.arrival_s = task.arrival_s
-        self.attained_s = 0.0
-        self.finish_s: float | None = None
-        children: dict[str, list[str]] = {s.id: [] for s in task.stages}
-        for s in task.stages:
-            for d in s.deps:
-                children[d].append(s.id)
-        self._stages = {s.id: StageRun(s, tuple(children[s.id])) for s in task.topo_order()}
-        made = {output_key(task.id, sid): run for sid, run in self._stages.items()}
-        for run in self._stages.values():
-            run._outputs = tuple(
-                (made[g.key], g.tokens)
-                for g in run.stage.prompt
-                if g.key in made and made[g.key] is not run
-            )
-        self.pending = len(self._stages)
-        self.version = 0  # bumped on every stage state change
-
-    def set_state(self, stage_id: str, state: StageState) -> None:
-        self._stages[stage_id].state = state
-        self.version += 1
-
-    def stage_done(self, stage_id: str) -> list[StageRun]:
-        """The stage's request finished: the stage is done, and each child whose last
-        dependency it was is released (DELAYED: the client's delay runs, then the caller
-        sends it). Returns the released children, in the task's stage order."""
-        st = self._stages[stage_id]
-        self.set_state(stage_id, StageState.DONE)
-        self.pending -= 1
-        released = []
-        for child_id in st.children:
-            child = self._stages[child_id]
-            child.remaining_deps -= 1
-            if child.remaining_deps == 0:
-                self.set_state(child_id, StageState.DELAYED)
-                released.append(child)
-        return released
-
-    @property
-    def id(self) -> str:
-        return self.task.id
-
-    @property
-    def workflow(self) -> str:
-        return self.task.workflow
-
-    @property
-    def stages(self) -> Mapping[str, StageRun]:
-        return self._stages

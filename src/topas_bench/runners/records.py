@@ -1,21 +1,25 @@
 """What a run records: per-request, per-task, per-iteration and per-decision tables.
 
-Both engines write the same columns (docs/design.md section 8), so analysis cannot tell them apart
-except by the run's identity; the simulator and the reference engine's loop
-(`runners.sglang_cpu.loop`) keep them in the one `Recorder`. The recorder only appends tuples
-during the run; DataFrames are built once, at the end, outside the event loop."""
+Every engine writes the same columns (docs/design.md section 8), so analysis cannot tell them
+apart except by the run's identity. A request's row and a task's row are built in one place
+(`request_row`, `task_row`) from what every engine's request carries (the simulator's and the
+reference engine's `SimRequest`, the real client's `ClientCall`) and from the workflow's tasks
+(`runners.workflow.TaskRun`).
+The simulator and the reference engine's loop (`runners.sglang_cpu.loop`) keep their rows in the
+one `Recorder`, which only appends tuples during the run; DataFrames are built once, at the
+end, outside the event loop. The real client journals each finished task's rows instead
+(`runners.sglang.runner`), so that an interrupted run resumes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter
+from typing import Any
 
 import pandas as pd
 
+from topas_bench.runners.workflow import TaskRun
 from topas_bench.schedulers.base import Decision
-
-if TYPE_CHECKING:
-    from topas_bench.runners.sim.state import SimRequest, TaskRun
 
 REQUEST_COLUMNS = [
     "request_id", "task_id", "stage_id", "agent", "kind", "prompt_tokens", "output_tokens",
@@ -29,6 +33,30 @@ TIMELINE_COLUMNS = [
 ]  # fmt: skip
 DECISION_COLUMNS = ["t_s", "wall_s", "waiting", "admit", "preempt"]
 _TIMELINE_INDEX = {c: i for i, c in enumerate(TIMELINE_COLUMNS)}
+
+
+#: The attribute of an engine's request each of `REQUEST_COLUMNS` records, `status` aside. Every
+#: engine's request carries them: the simulator's and the reference engine's (`SimRequest`), the
+#: real client's (`ClientCall`). `sent_s` is when the client sent it (the `ready_s` column).
+_REQUEST_ATTRS = attrgetter(
+    "rid", "task_id", "stage_id", "agent", "kind", "prompt_tokens", "generated",
+    "cached_tokens", "sent_s", "first_admitted_s", "admitted_s", "first_token_s", "finish_s",
+    "preemptions", "service_s",
+)  # fmt: skip
+
+
+def request_row(r: object, status: str) -> tuple[Any, ...]:
+    """`r`'s row, in `REQUEST_COLUMNS` order (`_REQUEST_ATTRS`)."""
+    return (*_REQUEST_ATTRS(r), status)
+
+
+def task_row(t: TaskRun) -> tuple[Any, ...]:
+    """`t`'s row, in `TASK_COLUMNS` order, once its `finish_s` is set (NaN: the task failed)."""
+    assert t.finish_s is not None
+    return (
+        t.id, t.workflow, t.arrival_s, t.finish_s, t.finish_s - t.arrival_s, len(t.stages),
+        t.attained_s,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -102,19 +130,11 @@ class Recorder:
     def preemption(self) -> None:
         self.preemptions += 1
 
-    def request(self, r: SimRequest, status: str = "ok") -> None:
-        self._requests.append(
-            (r.rid, r.task.id, r.stage_id, r.agent, r.kind, r.prompt_tokens, r.generated,
-             r.cached_tokens, r.sent_s, r.first_admitted_s, r.admitted_s, r.first_token_s,
-             r.finish_s, r.preemptions, r.service_s, status)
-        )  # fmt: skip
+    def request(self, r: object, status: str = "ok") -> None:
+        self._requests.append(request_row(r, status))
 
     def task(self, t: TaskRun) -> None:
-        assert t.finish_s is not None
-        self._tasks.append(
-            (t.id, t.workflow, t.arrival_s, t.finish_s, t.finish_s - t.arrival_s,
-             len(t.stages), t.attained_s)
-        )  # fmt: skip
+        self._tasks.append(task_row(t))
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """The four tables, by name (their parquet files' stems)."""
