@@ -127,35 +127,32 @@ class SimView:
         r: SimRequest = req  # type: ignore[assignment]
         hit = self.cached_tokens(r)
         sim = self._sim
-        if self._running_agents is None:
-            self._running_agents = {x.agent for x in sim.running}
-        if r.agent and (r.agent in sim.pins or r.agent in self._running_agents):
+        if r.agent and (r.agent in sim.pins or r.agent in self._running()):
             return max(hit - sim.prefix_tokens.get(r.agent, 0), 0)
         return hit
 
+    def _running(self) -> set[str]:
+        """The agents of the running requests (memoised: a view lives for one decision)."""
+        if self._running_agents is None:
+            self._running_agents = {x.agent for x in self._sim.running}
+        return self._running_agents
+
     def admission_costs(self, reqs: Sequence[RequestView]) -> list[int]:
         """`admission_need(r) + lock_cost(r)` of each request in one pass: the two methods'
-        arithmetic with the probe memo read once per request (a decision asks it of the whole
-        queue)."""
+        arithmetic with the cached tokens asked once per request (a decision asks it of the
+        whole queue)."""
         sim = self._sim
-        cache = sim.cache
-        version = cache.version
         clip = sim.cfg.clip_max_new_tokens
-        if self._running_agents is None:
-            self._running_agents = {x.agent for x in sim.running}
-        shielded = self._running_agents | sim.pins.keys()
+        shielded = self._running() | sim.pins.keys()
         prefix_tokens = sim.prefix_tokens
+        cached = self.cached_tokens
         out = []
         for req in reqs:
             r: SimRequest = req  # type: ignore[assignment]
-            fill = r.prompt_tokens + r.generated
-            memo_version, memo_fill, hit = r.probe_memo
-            if memo_version != version or memo_fill != fill:
-                hit = cache.probe(r.fill())[0]
-                r.probe_memo = (version, fill, hit)
+            hit = cached(r)
             # (conditional expressions for max and min: the same numbers, a decision asks
             # this of hundreds of requests)
-            extend = fill - hit
+            extend = r.prompt_tokens + r.generated - hit
             left = r.max_new_tokens - r.generated
             left = 0 if left < 0 else clip if left > clip else left
             cost = (extend if extend > 1 else 1) + left + 1

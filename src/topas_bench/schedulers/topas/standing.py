@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -400,38 +400,38 @@ class Certificate:
             budget_lo=budget_lo, budget_hi=budget_hi,
         )  # fmt: skip
 
+    def _acting_comparisons(self) -> Iterator[tuple[int, int, float]]:
+        """(x's index, y's index, margin) of each comparison the search made between sets x
+        (kept) and y of which one acts; a comparison of two fixed sets holds (3)."""
+        where = {keep: s for s, keep in enumerate(self.visited)}
+        for x, y, margin in self.comparisons:
+            i, j = where[x], where[y]
+            if self.acting[i] or self.acting[j]:
+                yield i, j, margin
+
+    def _fails_whatever_bounds(self, i: int, j: int, margin: float) -> bool:
+        """The tests of `_comparisons_hold` that read only the scores and which sets act."""
+        if self.scores[j] > self.scores[i] + margin:  # y was preferred: it must stay so, so
+            return True  # its least must beat (an acting set's least score is not bounded here)
+        return bool(self.acting[i])  # x kept: its least must stay above y's most
+
     def _scores_cannot_hold(self) -> bool:
         """Whether `_comparisons_hold` fails at every window, whatever its bounds: a comparison
         with an acting set that preferred y, or kept an acting x. Those two tests read only
         the scores and which sets act, so no window can pass them; checking them first spares
         the proof (the answer, None, is the same)."""
-        if not self.acting.any():
-            return False
-        where = {keep: s for s, keep in enumerate(self.visited)}
-        for x, y, margin in self.comparisons:
-            i, j = where[x], where[y]
-            if not (self.acting[i] or self.acting[j]):
-                continue
-            if self.scores[j] > self.scores[i] + margin or self.acting[i]:
-                return True
-        return False
+        return any(self._fails_whatever_bounds(*c) for c in self._acting_comparisons())
 
     def _comparisons_hold(self, best: F64) -> bool:
         """4 with packs that act: every comparison of scores the search made goes the same
         way over the window. An empty pack's score is fixed (3); one that admits is at most
         the most gain of every request it may admit plus its most reuse (it loses the rest:
         redo, revoke, moves are never negative); no preemption pays (2)."""
-        where = {keep: s for s, keep in enumerate(self.visited)}
-        for x, y, margin in self.comparisons:
-            i, j = where[x], where[y]
-            if not (self.acting[i] or self.acting[j]):
-                continue  # both fixed
+        for i, j, margin in self._acting_comparisons():
+            if self._fails_whatever_bounds(i, j, margin):
+                return False
             sx, sy = self.scores[i], self.scores[j]
             slack = EPS * (1.0 + abs(sx) + abs(sy) + float(best[i]) + float(best[j]))
-            if sy > sx + margin:  # y was preferred: it must stay so, so its least must beat
-                return False  # (an acting set's least score is not bounded here)
-            if self.acting[i]:
-                return False  # x kept: its least must stay above y's most
             if not float(best[j]) <= sx + margin - slack:
                 return False
         return True
