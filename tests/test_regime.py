@@ -207,12 +207,13 @@ def test_heat_map_and_table_from_a_two_by_two_sweep(tmp_path: Path) -> None:
     assert coll.problems == []
     assert coll.runs["group_label"].str.startswith("load ").all()
     assert coll.runs["group_label"].str.contains("x best of fcfs/lpm").all()
-    rows = build_report(coll).rows
-    table = regime_table(coll, rows)
+    table = regime_table(build_report(coll).runs)
     assert len(table) == 4
     assert sorted(table["kv_multiple"].round(4).unique()) == [round(1 / 3, 4), 1.0]
     assert set(table["best_other_mean"]) <= {"fcfs", "lpm"}
     assert table["residency_pays"].dtype == bool
+    assert set(table["verdict_mean"]) <= {"win", "loss", "tie"}
+    assert set(table["residency"]) <= {"pays", "hurts", "tie"}
     assert table["vs_topas-no-pins_mean"].notna().all()
     assert (table["topas_decode_batch"] >= 1).all() and table["topas_hit_rate"].between(0, 1).all()
     md = regime_markdown(table)

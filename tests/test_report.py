@@ -84,8 +84,9 @@ def test_markdown_and_csv(tree: Path, tmp_path: Path) -> None:
     assert "27.3% [20.0%, 33.3%]" in md and "27.5%" in md and "31.7%" in md
     assert "Best baseline: mean JCT `lpm`, p99 JCT `fcfs`." in md
     assert "| lpm | 27.5 [25.0, 30.0] |" in md and "| best | best |" not in md
-    md_path, csv_path, stages_path = write_report(rep, tmp_path)
+    md_path, csv_path, stages_path, *rest = write_report(rep, tmp_path)
     assert stages_path.name == "report-stages.csv"
+    assert [p.name for p in rest] == ["verdicts.csv", "levers.csv", "runs.csv.gz"]
     assert md_path.read_text().startswith("# topas-bench report")
     csv = pd.read_csv(csv_path)
     assert len(csv) == 7 and {"mean_jct_s_lo", "reduction_p99", "paper_reduction_mean"} <= set(

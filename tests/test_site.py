@@ -150,7 +150,29 @@ def test_headline_is_the_first_source_against_the_best_of_all(site: Path) -> Non
     for fact in ("a100-qwen32b", "engine sim", "abc123", "0,1", "fcfs, lpm",
                  "topas-bench sweep --config evaluation.toml --out runs/eval"):  # fmt: skip
         assert fact in text, fact
-    assert 'class="data row0 col3 win"' in text  # an interval above zero is marked a win
+    # two seeds: below the protocol's minimum (verdict.MIN_SEEDS), so no win is marked even
+    # though the interval is above zero (an uncorrected interval is no verdict)
+    assert 'class="data row0 col3 win"' not in text
+
+
+def test_headline_marks_the_protocols_verdict() -> None:
+    import pandas as pd
+
+    from topas_bench.analysis.site.tables import verdict
+
+    row = pd.Series({"workload": "dag4", "group_label": "load 0.8", "best_any_mean": "lpm",
+                     "best_any_p99": "spf"})  # fmt: skip
+    table = pd.DataFrame([
+        {"workload": "dag4", "group_label": "load 0.8", "other": "lpm", "metric": "mean",
+         "verdict": "win"},
+        {"workload": "dag4", "group_label": "load 0.8", "other": "spf", "metric": "p99",
+         "verdict": "tie"},
+        {"workload": "dag4", "group_label": "load 0.8", "other": "spf", "metric": "mean",
+         "verdict": "loss"},
+    ])  # fmt: skip
+    assert verdict(table, row, "mean") == "win"
+    assert verdict(table, row, "p99") == ""  # a tie is not marked
+    assert verdict(pd.DataFrame(), row, "mean") == ""  # no protocol table: no verdict
 
 
 def test_workload_page_draws_what_each_source_holds(site: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from topas_bench.analysis.metrics import RunTables, Slo, stage_summary, summarize
+from topas_bench.analysis.metrics import RunTables, Slo, mechanism, stage_summary, summarize
 from topas_bench.errors import TopasError
 from topas_bench.results import (
     TABLES,
@@ -120,6 +120,7 @@ def _read_run(
     tasks = read_table(run_dir, "tasks")
     decisions = read_table(run_dir, "decisions")
     requests = read_table(run_dir, "requests")
+    timeline = read_table(run_dir, "timeline")
     if len(tasks) != ident.num_tasks or "jct_s" not in tasks:
         raise TopasError(f"partial run: {len(tasks)} of {ident.num_tasks} tasks recorded")
     digest = meta.get("workload_digest")
@@ -128,7 +129,8 @@ def _read_run(
     counters = {k: float(v) for k, v in (meta.get("counters") or {}).items()}
     metrics = summarize(RunTables(tasks, requests, decisions, counters, slo))
     jct = tasks["jct_s"].to_numpy(dtype=float)
-    return _row(ident, meta, digest) | metrics, jct, stage_summary(requests)
+    row = _row(ident, meta, digest) | metrics | mechanism(timeline)
+    return row, jct, stage_summary(requests)
 
 
 def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any]:
@@ -148,6 +150,7 @@ def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any
         "num_tasks": ident.num_tasks,
         "scheduler": scheduler_label(ident.scheduler, d["scheduler_params"]),
         "scheduler_name": ident.scheduler,
+        "scheduler_params": json.dumps(d["scheduler_params"], sort_keys=True),
         "seed": ident.seed,
         "workload_digest": digest,
         "code": code_version(meta),

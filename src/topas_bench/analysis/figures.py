@@ -91,11 +91,11 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
         for grid in regime_grids(groups):
             keep(regime_map(plt, grid), f"regime_{workload}")
             break
-    table = regime_table(coll, rows)
+    table = regime_table(rep.runs)
     if not table.empty:
         for workload, w in table.groupby("workload", sort=False):
             keep(regime_margin(plt, w), f"regime_margin_{workload}")
-        table.drop(columns="group").to_csv(out / "regime.csv", index=False, float_format="%.6g")
+        table.to_csv(out / "regime.csv", index=False, float_format="%.6g")
         (out / "regime.md").write_text(regime_markdown(table))
         written += [out / "regime.csv", out / "regime.md"]
     for _, row in main.drop_duplicates("workload").iterrows():

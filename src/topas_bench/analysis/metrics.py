@@ -212,6 +212,25 @@ def _decision_ms(q: float) -> Callable[[RunTables], float]:
     return fn
 
 
+#: What `mechanism` reads of a run's timeline (decode rows: steps, batch, distinct agents).
+MECHANISM = ("decode_batch", "agents_per_batch")
+
+
+def mechanism(timeline: pd.DataFrame) -> dict[str, float]:
+    """The decode batch size and the distinct agents per decode batch, each weighted by decode
+    steps (a timeline row stands for `steps` identical iterations); NaN without a timeline."""
+    if timeline.empty or not {"kind", "steps", "batch", "batch_agents"} <= set(timeline):
+        return dict.fromkeys(MECHANISM, math.nan)
+    dec = timeline[timeline["kind"] == "decode"]
+    steps = float(dec["steps"].sum())
+    if not steps:
+        return dict.fromkeys(MECHANISM, math.nan)
+    return {
+        "decode_batch": float((dec["batch"] * dec["steps"]).sum()) / steps,
+        "agents_per_batch": float((dec["batch_agents"] * dec["steps"]).sum()) / steps,
+    }
+
+
 METRICS: tuple[Metric, ...] = (
     Metric("tasks", "", "higher", lambda r: float(len(r.tasks)), "{:.0f}"),
     Metric("mean_jct_s", "s", "lower", _mean_jct),

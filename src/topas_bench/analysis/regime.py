@@ -1,17 +1,22 @@
 """The regime map (issue 21): where TOPAS's lever pays, per workload, over KV budget x load x
 output length (`results/regime-map.toml`; docs/evaluation.md, "Regime map: how to run it").
 
-`regime_table` has one row per TOPAS group of every workload whose tree holds a load x
-KV-budget grid for TOPAS (`curves.regime_grids`): the cell's setting (output scale, KV budget
-in tokens and as a multiple of the agent-prefix working set, `sweep.units`, load and rate),
-TOPAS's mean and p99 JCT margin over the best other scheduler of the group (any scheduler that
-is neither TOPAS nor one of its ablations: the report's `reduction_any_*`, paired 95%
-bootstrap over seeds), TOPAS's reduction against each of its ablations present (e.g.
-``vs_topas-no-pins_mean``; positive: the lever helps), `residency_pays` (TOPAS beats
-`topas-no-pins` on mean JCT beyond the interval: its low end is above 0), and the mechanism of
-TOPAS and of the best other scheduler, averaged over the group's seeds: decode batch size and
-distinct agents per decode batch (weighted by decode steps, from `timeline.parquet`), the share
-of prompt tokens served from cache and preemptions per run.
+`regime_table` reads one row per run (`protocol.COMPACT`: a report's `runs`, or the committed
+`runs.csv.gz`) and has one row per TOPAS group of every workload whose runs span >= 2 KV
+budgets and >= 2 loads (or rates): the cell's setting (output scale, KV budget in tokens and
+as a multiple of the agent-prefix working set, `sweep.units`, load and rate), TOPAS's mean and
+p99 JCT margin over the best other scheduler of the group (the lowest seed-averaged value of
+any scheduler that is neither TOPAS nor one of its variants, each in its tuned form where the
+group has one: `protocol.representatives`), TOPAS's margin over each of its ablations present
+(e.g. ``vs_topas-no-pins_mean``; positive: the lever helps), and the mechanism of TOPAS and of
+the best other scheduler averaged over the seeds: decode batch size and distinct agents per
+decode batch (weighted by decode steps), prefix hit rate and preemptions per run.
+
+Every margin is paired over seeds (`verdict.paired`) and judged within its family, the whole
+map (every workload's cells): TOPAS against the best other, per metric (`verdict_mean`,
+`verdict_p99`), and TOPAS against each ablation on mean JCT (`verdict_vs_<ablation>`), each
+family Holm-corrected (`verdict.verdicts`). `residency` is the no-pins verdict in words:
+``pays`` (TOPAS beats topas-no-pins), ``hurts`` or ``tie``.
 
 `regime_margin` draws one figure per workload: a heat map of TOPAS's margin per (KV multiple,
 load) cell, one column of panels per output scale, mean JCT above and p99 below, the cells
@@ -20,121 +25,112 @@ where residency pays outlined. `regime_markdown` is the mechanism table.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from topas_bench.analysis.bootstrap import reduction_ci
-from topas_bench.analysis.collect import Collection
-from topas_bench.analysis.curves import regime_grids, x_axis
+from topas_bench.analysis.curves import x_axis
 from topas_bench.analysis.plotting import suptitle
-from topas_bench.errors import TopasError
+from topas_bench.analysis.protocol import GROUP_KEY, is_family, representatives, with_variants
+from topas_bench.analysis.verdict import METRICS as VERDICT_METRICS
+from topas_bench.analysis.verdict import Paired, paired, verdicts
 from topas_bench.schedulers.registry import ABLATIONS
-from topas_bench.workloads.registry import OUTPUT_SCALE
 
-METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
+METRICS = tuple((col, m) for m, col in VERDICT_METRICS.items())
 #: The ablation whose loss to TOPAS means "residency pays" (no residency choice at all).
 NO_PINS = "topas-no-pins"
-MECHANISM = ("decode_batch", "agents_per_batch", "hit_rate", "preemptions")
-TIMELINE = ["kind", "steps", "batch", "batch_agents"]
-REQUESTS = ["cached_tokens", "prompt_tokens", "preemptions"]
+#: The mechanism columns, per run (`protocol.COMPACT`), averaged over a cell's seeds.
+MECHANISM = {"decode_batch": "decode_batch", "agents_per_batch": "agents_per_batch",
+             "hit_rate": "prefix_hit_rate", "preemptions": "preemptions"}  # fmt: skip
 
 
-def regime_table(coll: Collection, rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per TOPAS group of every workload with a grid (module docstring)."""
-    out: list[dict[str, Any]] = []
-    runs = coll.runs
-    for workload, wrows in rows.groupby("workload", sort=False):
-        if not regime_grids(wrows):
+def _grid_workloads(runs: pd.DataFrame, focus: str) -> list[str]:
+    """Workloads whose focus runs span >= 2 KV budgets and >= 2 loads (or rates)."""
+    t = runs[runs["scheduler_name"] == focus]
+    return [str(w) for w, d in t.groupby("workload", sort=False)
+            if d["kv_budget_tokens"].nunique() >= 2 and d["rate_per_s"].nunique() >= 2]  # fmt: skip
+
+
+def _values(g: pd.DataFrame, label: str) -> pd.DataFrame:
+    return g[g["scheduler"] == label].set_index("seed")
+
+
+def regime_table(runs: pd.DataFrame, focus: str = "topas") -> pd.DataFrame:
+    """One row per focus group of every workload with a grid (module docstring)."""
+    if runs.empty:
+        return pd.DataFrame()
+    runs = with_variants(runs, None)
+    keep = _grid_workloads(runs, focus)
+    rows: list[dict[str, Any]] = []
+    families: dict[str, list[tuple[int, Paired]]] = {}
+    for key, g in runs[runs["workload"].isin(keep)].groupby(GROUP_KEY, sort=False):
+        reps = representatives(g)
+        if focus not in reps:
             continue
-        for group, g in wrows.groupby("group", sort=False):
-            topas = g[g["scheduler"] == "topas"]
-            if topas.empty:
-                continue
-            out.append(_cell(str(workload), topas.iloc[0], g, runs[runs["group"] == group]))
-    return pd.DataFrame(out)
-
-
-def _cell(workload: str, t: pd.Series, g: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any]:
-    try:  # a run tree's group is its identity as JSON; a report's rows may carry none
-        ident = json.loads(str(t["group"]))
-    except ValueError:
-        ident = {"workload": workload}
-    if not isinstance(ident, dict):
-        ident = {"workload": workload}
-    params = dict(ident.get("workload_params", {}))
-    budget = int(t["kv_budget_tokens"])
-    row: dict[str, Any] = {
-        "workload": workload, "group": t["group"], "output_scale": float(params.get(OUTPUT_SCALE,
-        1.0)), "kv_budget_tokens": budget, "kv_multiple": _multiple(ident, budget),
-        "load": t["load"], "rate_per_s": t["rate_per_s"], "seeds": t["seeds"],
-    }  # fmt: skip
-    for _, m in METRICS:
-        row[f"best_other_{m}"] = t[f"best_any_{m}"]
-        for s in ("", "_lo", "_hi"):
-            row[f"margin_{m}{s}"] = t[f"reduction_any_{m}{s}"]
-    seeds = [int(s) for s in str(t["seeds"]).split(",") if s not in ("", "none")]
-    here = runs[runs["seed"].isin(seeds)]
-    mine = here[here["scheduler"] == "topas"].sort_values("seed")
-    for abl in ABLATIONS:
-        theirs = here[here["scheduler"] == abl].sort_values("seed")
-        if sorted(theirs["seed"]) != sorted(mine["seed"]) or theirs.empty:
-            continue
+        mine = _values(g, reps[focus])
+        first = mine.iloc[0]
+        row: dict[str, Any] = {
+            **dict(zip(GROUP_KEY, key, strict=True)), "output_scale": float(first["output_scale"]),
+            "kv_budget_tokens": int(first["kv_budget_tokens"]),
+            "kv_multiple": float(first["kv_multiple"]), "load": float(first["load"]),
+            "rate_per_s": float(first["rate_per_s"]),
+            "seeds": ",".join(str(int(s)) for s in sorted(mine.index)),
+        }  # fmt: skip
+        others = {n: lab for n, lab in reps.items() if not is_family(n, focus)}
+        i = len(rows)
         for col, m in METRICS:
-            r = reduction_ci(mine[col].to_numpy(), theirs[col].to_numpy())
-            row[f"vs_{abl}_{m}"], row[f"vs_{abl}_{m}_lo"], row[f"vs_{abl}_{m}_hi"] = r
-    lo = row.get(f"vs_{NO_PINS}_mean_lo", math.nan)
-    row["residency_pays"] = bool(lo > 0) if not math.isnan(lo) else False
-    best = str(t["best_any_mean"])
-    for who, name in (("topas", "topas"), ("best", best)):
-        mech = _mechanism(here[here["scheduler"] == name])
-        row |= {f"{who}_{k}": v for k, v in mech.items()}
-    return row
+            means = {n: float(_values(g, lab)[col].mean()) for n, lab in others.items()}
+            if not means:
+                continue
+            best = min(means, key=lambda n: (means[n], n))
+            c = _paired(mine, _values(g, others[best]), col)
+            row[f"best_other_{m}"] = best
+            row[f"margin_{m}"], row[f"margin_{m}_lo"], row[f"margin_{m}_hi"] = c.margin, c.lo, c.hi
+            families.setdefault(f"verdict_{m}", []).append((i, c))
+        for abl in ABLATIONS:
+            if abl not in reps:
+                continue
+            theirs = _values(g, reps[abl])
+            for col, m in METRICS:
+                c = _paired(mine, theirs, col)
+                row[f"vs_{abl}_{m}"], row[f"vs_{abl}_{m}_lo"] = c.margin, c.lo
+                row[f"vs_{abl}_{m}_hi"] = c.hi
+            families.setdefault(f"verdict_vs_{abl}", []).append(
+                (i, _paired(mine, theirs, "mean_jct_s"))
+            )
+        best_name = row.get("best_other_mean")
+        best_runs = _values(g, others[best_name]) if best_name else None
+        for who, frame in (("topas", mine), ("best", best_runs)):
+            for name, col in MECHANISM.items():
+                row[f"{who}_{name}"] = float(frame[col].mean()) if frame is not None else math.nan
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for column, cells in families.items():
+        judged = verdicts([c for _, c in cells])
+        table[column] = "tie"
+        for (i, _), (_, word) in zip(cells, judged, strict=True):
+            table.loc[i, column] = word
+    if table.empty:
+        return table
+    pins = table.get(f"verdict_vs_{NO_PINS}")
+    words = {"win": "pays", "loss": "hurts"}
+    table["residency"] = pins.map(lambda v: words.get(str(v), "tie")) if pins is not None else ""
+    table["residency_pays"] = table["residency"] == "pays"
+    return table
 
 
-def _multiple(ident: dict[str, Any], budget: int) -> float:
-    """The budget as a multiple of the workload's working set (NaN when it cannot be read,
-    e.g. a trace file that is gone)."""
-    from topas_bench.sweep.units import working_set
-
-    try:
-        ws = working_set(str(ident["workload"]), dict(ident.get("workload_params", {})))
-    except (TopasError, KeyError, OSError):
-        return math.nan
-    return ws.multiple_of(budget)
+def _paired(mine: pd.DataFrame, theirs: pd.DataFrame, col: str) -> Paired:
+    seeds = sorted(set(mine.index) & set(theirs.index))
+    return paired(mine.loc[seeds, col].to_numpy(), theirs.loc[seeds, col].to_numpy())
 
 
-def _mechanism(runs: pd.DataFrame) -> dict[str, float]:
-    """Per run, then averaged: decode batch size and distinct agents per decode batch
-    (weighted by decode steps), prompt tokens served from cache, preemptions."""
-    acc = []
-    for path in runs["path"]:
-        try:
-            t = pd.read_parquet(f"{path}/timeline.parquet", columns=TIMELINE)
-            r = pd.read_parquet(f"{path}/requests.parquet", columns=REQUESTS)
-        except (OSError, ValueError, KeyError):
-            continue
-        dec = t[t["kind"] == "decode"]
-        steps = float(dec["steps"].sum())
-        prompt = float(r["prompt_tokens"].sum())
-        acc.append((
-            float((dec["batch"] * dec["steps"]).sum()) / steps if steps else math.nan,
-            float((dec["batch_agents"] * dec["steps"]).sum()) / steps if steps else math.nan,
-            float(r["cached_tokens"].sum()) / prompt if prompt else math.nan,
-            float(r["preemptions"].sum()),
-        ))  # fmt: skip
-    if not acc:
-        return dict.fromkeys(MECHANISM, math.nan)
-    return dict(zip(MECHANISM, np.nanmean(np.array(acc), axis=0).tolist(), strict=True))
-
-
-def _pct(v: Any, lo: Any, hi: Any) -> str:
+def _pct(v: Any, lo: Any, hi: Any, word: Any = "") -> str:
     if not isinstance(v, float) or math.isnan(v):
         return "-"
-    return f"{100 * v:+.1f}% [{100 * lo:+.0f}, {100 * hi:+.0f}]"
+    text = f"{100 * v:+.1f}% [{100 * lo:+.0f}, {100 * hi:+.0f}]"
+    return f"**{text} {word}**" if word in ("win", "loss") else text
 
 
 def _x(r: pd.Series) -> str:
@@ -160,11 +156,13 @@ def regime_markdown(table: pd.DataFrame) -> str:
                 "out": f"x{r['output_scale']:g}", "KV (x W, tokens)": _x(r),
                 "load": f"{r['load']:g}", "rate /s": f"{r['rate_per_s']:.4g}",
                 "best other": r["best_other_mean"],
-                "TOPAS mean": _pct(r["margin_mean"], r["margin_mean_lo"], r["margin_mean_hi"]),
-                "TOPAS p99": _pct(r["margin_p99"], r["margin_p99_lo"], r["margin_p99_hi"]),
+                "TOPAS mean": _pct(r["margin_mean"], r["margin_mean_lo"], r["margin_mean_hi"],
+                                   r["verdict_mean"]),
+                "TOPAS p99": _pct(r["margin_p99"], r["margin_p99_lo"], r["margin_p99_hi"],
+                                  r["verdict_p99"]),
                 "vs no-pins": _pct(*(r.get(f"vs_{NO_PINS}_mean{s}", math.nan)
                                      for s in ("", "_lo", "_hi"))),
-                "pays": "yes" if r["residency_pays"] else "",
+                "residency": "" if r["residency"] == "tie" else r["residency"],
                 "batch T/B": f"{r['topas_decode_batch']:.1f}/{r['best_decode_batch']:.1f}",
                 "agents T/B": f"{r['topas_agents_per_batch']:.2f}/"
                               f"{r['best_agents_per_batch']:.2f}",
@@ -172,12 +170,15 @@ def regime_markdown(table: pd.DataFrame) -> str:
                 "preempt T/B": f"{r['topas_preemptions']:.0f}/{r['best_preemptions']:.0f}",
             })  # fmt: skip
         parts.append(f"## {workload}\n\n" + str(pd.DataFrame(lines).to_markdown(index=False)))
+    n = len(table)
     head = (
-        "# Regime map\n\nTOPAS's JCT margin over the best other scheduler (not TOPAS or an "
-        "ablation; 95% paired bootstrap over seeds), its reduction against `topas-no-pins` "
-        "(residency pays: the interval's low end above 0), and the mechanism, TOPAS / the "
-        "best other on mean JCT: decode batch size and distinct agents per decode batch "
-        "(decode-step weighted), prompt tokens served from cache, preemptions per run. KV: "
+        "# Regime map\n\nTOPAS's JCT margin over the best other scheduler (not TOPAS or one "
+        "of its variants, each in its tuned form where it has one; 95% paired bootstrap over "
+        "seeds), in bold with its verdict where it wins or loses after a Holm correction over "
+        f"the map's {n} cells per metric; its margin over `topas-no-pins` on mean JCT "
+        f"(residency pays or hurts: the same correction over the {n} cells), and the "
+        "mechanism, TOPAS / the best other on mean JCT: decode batch size and distinct agents "
+        "per decode batch (decode-step weighted), prefix hit rate, preemptions per run. KV: "
         "the budget as a multiple of the agent-prefix working set W (sum of prefixes), "
         "budget = ceil(m x W) + one call's need.\n\n"
     )
@@ -219,7 +220,7 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
                 v, lo, hi = (100 * r[f"margin_{m}{s}"] for s in ("", "_lo", "_hi"))
                 text = "-" if math.isnan(v) else f"{v:+.1f}%\n[{lo:+.0f}, {hi:+.0f}]"
                 text += f"\n{int(r['kv_budget_tokens']):,} tok"
-                crosses = not (lo > 0 or hi < 0)
+                crosses = r.get(f"verdict_{m}", "tie") == "tie"
                 ax.text(b, a, text, ha="center", va="center", fontsize=8,
                         color="white" if abs(v) > 0.55 * lim else "black",
                         fontstyle="italic" if crosses else "normal")  # fmt: skip
@@ -240,8 +241,8 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
     first = w.iloc[0]
     suptitle(fig, f"{first['workload']}: regime map. TOPAS's JCT margin over the best other "
              f"scheduler (blue: TOPAS faster), 95% interval over seeds {first['seeds']}, italic "
-             "where it includes 0; outlined: residency pays (TOPAS beats topas-no-pins on mean "
-             "JCT beyond the interval)")  # fmt: skip
+             "where it is a tie after Holm's correction over the map; outlined: residency pays "
+             "(TOPAS beats topas-no-pins on mean JCT, corrected likewise)")  # fmt: skip
     return fig
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import pandas as pd
 
+from topas_bench.analysis.protocol import GROUP_KEY, cell_text
 from topas_bench.analysis.report import PAPER_KV_BUDGET, PAPER_PRESET, Report
+from topas_bench.analysis.verdict import family_note
 from topas_bench.schedulers.registry import BASELINES
 from topas_bench.workloads.registry import DEFAULT_LOAD
 
@@ -76,6 +78,7 @@ def to_markdown(rep: Report) -> str:
         "",
     ]
     lines += _summary(rep.rows)
+    lines += protocol_markdown(rep)
     for workload, w in rep.rows.groupby("workload", sort=False):
         lines += [f"## {workload}", ""]
         for key, g in w.groupby("group", sort=False):
@@ -121,6 +124,56 @@ def _summary(rows: pd.DataFrame) -> list[str]:
         for _, r in t.iterrows()
     ]
     return [*out, "## TOPAS vs the best of all (paper baselines and peers)", "", *_table(records)]
+
+
+def protocol_markdown(rep: Report) -> list[str]:
+    """The protocol's tables (`protocol`): the focus against every other scheduler per group,
+    its levers, and tuning against defaults; each cell a paired margin with its verdict."""
+    out: list[str] = []
+    v = rep.verdicts
+    if not v.empty:
+        out += [f"## Verdicts: {rep.focus} against every other scheduler", "",
+                f"Margin = 1 - {rep.focus} / other over the seeds both ran (positive: "
+                f"{rep.focus} faster), 95% paired bootstrap interval. "
+                + family_note(len(v)) + " Each scheduler in its tuned form where the tree "
+                "has one (variant), else its defaults.", ""]  # fmt: skip
+        for (workload, _, label), g in v.groupby(GROUP_KEY, sort=False):
+            out += [f"### {workload} ({label})", ""]
+            records = []
+            for other, m in by_metric(g, "other"):
+                records.append({
+                    "scheduler": other, "variant": str(m["mean"]["other_variant"]),
+                    "mean JCT s": f"{m['mean']['other_value']:.1f}",
+                    f"{rep.focus} mean margin": cell_text(m["mean"]),
+                    "p99 JCT s": f"{m['p99']['other_value']:.1f}",
+                    f"{rep.focus} p99 margin": cell_text(m["p99"]),
+                    "seeds ahead (mean)": f"{m['mean']['ahead']} of {m['mean']['n_seeds']}",
+                })  # fmt: skip
+            out += _table(records)
+    for title, t, what in (("Levers", rep.levers, "ablation"), ("Tuning", rep.tuning, "tuned")):
+        if t.empty:
+            continue
+        out += [f"## {title}", "",
+                (f"Margin of {rep.focus} over each ablation (positive: the lever helps)"
+                 if what == "ablation" else "Margin of each tuned scheduler over its defaults "
+                 "(positive: tuning helped)") + ", paired over seeds. " + family_note(len(t)),
+                ""]  # fmt: skip
+        records = []
+        for (workload, _, label), g in t.groupby(GROUP_KEY, sort=False):
+            for other, m in by_metric(g, "other"):
+                records.append({"workload": str(workload), "setting": str(label),
+                                "scheduler": other, "mean": cell_text(m["mean"]),
+                                "p99": cell_text(m["p99"])})  # fmt: skip
+        out += _table(records)
+    return out
+
+
+def by_metric(t: pd.DataFrame, key: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """A protocol table's rows by `key` (in order of appearance), each as metric -> row."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in t.to_dict("records"):
+        out.setdefault(str(r[key]), {})[str(r["metric"])] = {str(k): v for k, v in r.items()}
+    return list(out.items())
 
 
 def _group_tables(g: pd.DataFrame, stages: pd.DataFrame) -> list[str]:
@@ -206,4 +259,21 @@ def write_report(rep: Report, out: Path) -> list[Path]:
         group_label=rep.stages["group"].map(first["group_label"]),
     ).drop(columns=["group"])
     st.to_csv(stages, index=False, float_format="%.6g")
-    return [md, csv, stages]
+    written = [md, csv, stages]
+    for name, table in (("verdicts", rep.verdicts), ("levers", rep.levers),
+                        ("tuning", rep.tuning)):  # fmt: skip
+        path = out / f"{name}.csv"
+        if table.empty:
+            path.unlink(missing_ok=True)  # a stale table of an earlier report would mislead
+            continue
+        table.to_csv(path, index=False, float_format="%.6g")
+        written.append(path)
+    runs = out / RUNS_FILE
+    rep.runs.to_csv(runs, index=False, float_format="%.8g",
+                    compression={"method": "gzip", "mtime": 0})  # fmt: skip
+    return [*written, runs]
+
+
+#: The compact per-run table a report writes beside its summaries: what the protocol's tables,
+#: and the docs generated from them, are computed from (`protocol.COMPACT`).
+RUNS_FILE = "runs.csv.gz"

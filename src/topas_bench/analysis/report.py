@@ -30,8 +30,18 @@ import pandas as pd
 from topas_bench.analysis.bootstrap import mean_ci, reduction_ci
 from topas_bench.analysis.collect import LENGTH_KEYS, Collection
 from topas_bench.analysis.metrics import Slo
-from topas_bench.schedulers.registry import BASELINES, SCHEDULERS
-from topas_bench.workloads.registry import DEFAULT_LOAD, WORKLOADS
+from topas_bench.analysis.protocol import (
+    COMPACT,
+    GROUP_KEY,
+    Tuned,
+    levers,
+    tuning_table,
+    versus,
+    with_variants,
+)
+from topas_bench.errors import TopasError
+from topas_bench.schedulers.registry import ABLATIONS, BASELINES, SCHEDULERS
+from topas_bench.workloads.registry import DEFAULT_LOAD, OUTPUT_SCALE, WORKLOADS
 
 #: TOPAS's mean / p99 JCT reduction vs the best baseline in the paper (docs/design.md section 5).
 PAPER_REDUCTIONS: dict[str, tuple[float, float]] = {
@@ -71,6 +81,14 @@ class Report:
     #: per group, scheduler and stage kind: `STAGE_COLUMNS` averaged over the compared seeds
     stages: pd.DataFrame = field(default_factory=pd.DataFrame)
     slo: Slo = field(default_factory=Slo)
+    #: the protocol (`protocol`): the focus against every other scheduler, against each of its
+    #: ablations, and each tuned scheduler against its defaults; one row per group, pair, metric
+    focus: str = "topas"
+    verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    levers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    tuning: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: one row per run compared (`protocol.COMPACT`'s columns): what the tables are made of
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def paper_setting(group_key: str, load: float) -> bool:
@@ -94,7 +112,9 @@ def paper_setting(group_key: str, load: float) -> bool:
     )  # fmt: skip
 
 
-def build_report(coll: Collection) -> Report:
+def build_report(coll: Collection, focus: str = "topas", tuned: Tuned | None = None) -> Report:
+    """The summary rows per group and scheduler, and the protocol's tables for `focus` (its
+    ablations: the registered ones present; `tuned`: what marks a run as a tuned variant)."""
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     kept: list[pd.DataFrame] = []
@@ -118,8 +138,42 @@ def build_report(coll: Collection) -> Report:
         kept.append(g)
         rows += _group_rows(g.sort_values("seed"), compared=bool(seeds))
     runs = pd.concat(kept) if kept else coll.runs
-    return Report(coll.root, pd.DataFrame(rows), notes, list(coll.problems),
-                  _stage_rows(runs, coll.stages), coll.slo)  # fmt: skip
+    compact = compact_runs(runs, tuned)
+    return Report(
+        coll.root, pd.DataFrame(rows), notes, list(coll.problems), _stage_rows(runs, coll.stages),
+        coll.slo, focus, versus(compact, focus, tuned), levers(compact, ABLATIONS, focus, tuned),
+        tuning_table(compact, tuned), compact,
+    )  # fmt: skip
+
+
+def compact_runs(runs: pd.DataFrame, tuned: Tuned | None = None) -> pd.DataFrame:
+    """`protocol.COMPACT`'s columns of a collection's runs; the output scale and the KV
+    budget as a multiple of the working set are read from each group's identity, the variant
+    (default, tuned, custom) from `tuned`."""
+    if runs.empty:
+        return pd.DataFrame(columns=list(COMPACT))
+    extra: dict[str, tuple[float, float]] = {}
+    for key in runs["group"].unique():
+        ident = json.loads(str(key))
+        params = ident.get("workload_params", {})
+        budget = int(ident.get("kv_budget_tokens", 0))
+        extra[str(key)] = (float(params.get(OUTPUT_SCALE, 1.0)), kv_multiple(ident, budget))
+    scale = runs["group"].map(lambda k: extra[str(k)][0])
+    multiple = runs["group"].map(lambda k: extra[str(k)][1])
+    out = with_variants(runs.assign(output_scale=scale, kv_multiple=multiple), tuned)
+    return out[list(COMPACT)].sort_values([*GROUP_KEY, "scheduler", "seed"]).reset_index(drop=True)
+
+
+def kv_multiple(ident: dict[str, Any], budget: int) -> float:
+    """A KV budget as a multiple of its workload's agent-prefix working set (`sweep.units`);
+    NaN when the workload cannot be read (e.g. a trace file that is gone)."""
+    from topas_bench.sweep.units import working_set
+
+    try:
+        ws = working_set(str(ident["workload"]), dict(ident.get("workload_params", {})))
+    except (TopasError, KeyError, OSError):
+        return math.nan
+    return ws.multiple_of(budget)
 
 
 def _ordered_groups(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:

@@ -98,7 +98,8 @@ def draw_source(plt: Any, root: Path, src: Source) -> tuple[Drawn, list[Path]]:
                    f"regime_{w}" + (f"_{i}" if i else ""),
                    "Regime map: TOPAS's JCT reduction against the best baseline on each cell "
                    "of the load (or rate) x KV-budget grid.")  # fmt: skip
-        table = regime_table(src.coll, wrows) if src.coll is not None else None
+        runs = src.runs[src.runs["workload"] == w] if not src.runs.empty else None
+        table = regime_table(runs) if runs is not None else None
         if table is not None and not table.empty:
             for i, (_, tw) in enumerate(table.groupby("workload", sort=False)):
                 d.keep(f"regime:{w}:margin" + (f":{i}" if i else ""), regime_margin(plt, tw),

@@ -83,7 +83,8 @@ class Pages:
         }  # fmt: skip
 
     def _headline(self, s: Source, name: str) -> str:
-        table = tables.headline(s.rows)  # seeds and engine: the source's facts name them
+        # seeds and engine: the source's facts name them
+        table = tables.headline(s.rows, s.verdicts)
         return tables.html(tables.without_constant(table, ("seeds", "engine")), name)
 
     def index(self) -> dict[str, Any]:

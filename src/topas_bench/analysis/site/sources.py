@@ -53,6 +53,10 @@ class Source:
     notes: list[str] = field(default_factory=list)
     #: what the tables and figures come from, in words
     data: str = "the runs (every figure)"
+    #: one row per run (`protocol.COMPACT`) and the protocol's verdicts (`report.Report`):
+    #: from the runs, or from a report directory's runs.csv.gz and verdicts.csv when it has them
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def has_runs(self) -> bool:
@@ -139,13 +143,15 @@ def _load(name: str, path: Path, runs: Path | None, conf: dict[str, Any], opts: 
         if not commands:
             commands = [f"topas-bench report {path}"]
         return Source(name, title, about, rep.rows, rep.stages, rep.slo.describe(), commands,
-                      str(conf.get("code", codes)), coll, notes)  # fmt: skip
+                      str(conf.get("code", codes)), coll, notes, runs=rep.runs,
+                      verdicts=rep.verdicts)  # fmt: skip
     rows, stages, slo = read_report(path)
     if "engine" in conf:  # a report written before report.csv recorded the engine
         rows["engine"] = rows["engine"].replace("", str(conf["engine"]))
     code = str(conf.get("code", "; ".join(sorted(set(rows["code"]) - {""})) or "not recorded"))
     data = "the report's rows (report.csv, report-stages.csv); its runs are not here"
     src = Source(name, title, about, rows, stages, slo, commands, code, data=data)
+    src.runs, src.verdicts = read_protocol(path)
     if runs is not None:
         src.coll, src.notes = _behind(name, runs, rows, opts)
         src.data = (f"the report's rows; CDFs and timelines from the runs in {runs}, which "
@@ -221,6 +227,24 @@ def read_report(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     if not stages.empty:
         stages = _stage_groups(stages, rows)
     return rows, stages, _slo(rows, path)
+
+
+def read_protocol(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A report directory's compact runs (runs.csv.gz) and verdicts (verdicts.csv), each empty
+    when the report predates them."""
+    from topas_bench.analysis.render import RUNS_FILE
+
+    out = []
+    for name in (RUNS_FILE, "verdicts.csv"):
+        f = path / name
+        try:
+            out.append(pd.read_csv(f, keep_default_na=False, na_values=[""])
+                       if f.is_file() else pd.DataFrame())  # fmt: skip
+        except (OSError, ValueError, EOFError) as e:
+            raise TopasError(f"{f}: unreadable ({e})") from None
+    if not out[0].empty:
+        out[0]["scheduler_params"] = out[0]["scheduler_params"].fillna("{}").astype(str)
+    return out[0], out[1]
 
 
 def _stage_groups(stages: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:

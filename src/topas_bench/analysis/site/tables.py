@@ -33,12 +33,17 @@ def html(table: pd.DataFrame, name: str) -> str:
     return str(styler.hide(axis="index").set_td_classes(marks).to_html())
 
 
-def verdict(r: pd.Series, m: str, against: str = "") -> str:
-    """`win` when the reduction's whole interval is above zero, `loss` when below, else ``."""
-    lo, hi = r.get(f"reduction_{against}{m}_lo"), r.get(f"reduction_{against}{m}_hi")
-    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) or r.get("n_seeds", 0) < 2:
+def verdict(verdicts: pd.DataFrame, r: pd.Series, m: str) -> str:
+    """TOPAS's verdict against the best of all on metric `m` in `r`'s setting: `win` or
+    `loss` as the protocol's table (`protocol.versus`, Holm-corrected) has it, `` for a tie
+    or where the source has no such table (an uncorrected interval is no verdict)."""
+    if verdicts.empty:
         return ""
-    return "win" if lo > 0 else "loss" if hi < 0 else ""
+    v = verdicts
+    hit = v[(v["workload"] == r["workload"]) & (v["group_label"] == r["group_label"])
+            & (v["other"] == r[f"best_any_{m}"]) & (v["metric"] == m)]  # fmt: skip
+    word = str(hit.iloc[0]["verdict"]) if not hit.empty else ""
+    return word if word in ("win", "loss") else ""
 
 
 def signed(r: pd.Series, m: str, against: str = "") -> str:
@@ -65,12 +70,14 @@ def _best(g: pd.DataFrame, name: str, col: str) -> str:
     return f"{name} {hit.iloc[0][col]:,.1f} s" if name and not hit.empty else "-"
 
 
-def headline(rows: pd.DataFrame) -> pd.DataFrame:
+def headline(rows: pd.DataFrame, verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per workload (its main setting): the best of all schedulers per metric and TOPAS's
     reduction against it with the 95% interval, seeds, engine; the paper's figures beside."""
     main = main_groups(rows)
     _, own = common_setting(main)
-    records, verdicts = [], []
+    v = verdicts if verdicts is not None else pd.DataFrame()
+    records: list[dict[str, Any]] = []
+    words: list[tuple[str, str]] = []
     for _, r in main[main["scheduler"] == "topas"].iterrows():
         g = main[main["group"] == r["group"]]
         paper = PAPER_REDUCTIONS.get(str(r["workload"]))
@@ -83,10 +90,10 @@ def headline(rows: pd.DataFrame) -> pd.DataFrame:
             "TOPAS p99 JCT reduction": signed(r, "p99", "any_"),
             "paper (mean / p99)": f"{pct_text(paper[0])} / {pct_text(paper[1])}" if paper else "-",
         })  # fmt: skip
-        verdicts.append((verdict(r, "mean", "any_"), verdict(r, "p99", "any_")))
+        words.append((verdict(v, r, "mean"), verdict(v, r, "p99")))
     table = pd.DataFrame(records)
-    if verdicts:
-        means, p99s = zip(*verdicts, strict=True)
+    if words:
+        means, p99s = zip(*words, strict=True)
         table.attrs["verdicts"] = {"TOPAS mean JCT reduction": list(means),
                                    "TOPAS p99 JCT reduction": list(p99s)}  # fmt: skip
     return table
