@@ -192,7 +192,7 @@ def pct(v: float, lo: float | None = None, hi: float | None = None, digits: int 
     return text
 
 
-def cell_text(r: Mapping[str, Any], bold_wins: bool = True) -> str:
+def cell_text(r: Mapping[str, Any] | pd.Series, bold_wins: bool = True) -> str:
     """A cell for Markdown: the margin, its interval and the verdict."""
     text = pct(r["margin"], r["lo"], r["hi"])
     word = str(r["verdict"])

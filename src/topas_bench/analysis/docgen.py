@@ -1,0 +1,429 @@
+"""Generated tables of the docs: every results table of docs/evaluation.md and README's TOPAS
+section is computed here from committed result files, so that a number edited by hand fails a
+test (tests/test_docgen.py) and `python scripts/gen_docs.py` rewrites them.
+
+A generated block in a Markdown file:
+
+    <!-- generated: NAME key=value key=value -->
+    (anything: replaced by the table)
+    <!-- /generated -->
+
+NAME is one of `BLOCKS`; the keys are its arguments, paths relative to the repository root
+(e.g. ``dir=results/paper-regime``, a report directory holding `runs.csv.gz`, the compact
+per-run table `topas-bench report` writes, `render.RUNS_FILE`). Every table is a function of
+those files and of the code's fixed facts (the paper's figures, the registry), nothing else:
+no run tree, no clock, no randomness beyond the seeded bootstrap.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from topas_bench.analysis.protocol import (
+    GROUP_KEY,
+    best_others,
+    cell_text,
+    levers,
+    pct,
+    representatives,
+    tuning_table,
+    versus,
+)
+from topas_bench.analysis.regime import NO_PINS, regime_table
+from topas_bench.analysis.render import RUNS_FILE
+from topas_bench.analysis.report import PAPER_REDUCTIONS
+from topas_bench.analysis.verdict import family_note
+from topas_bench.errors import TopasError
+from topas_bench.schedulers.registry import ABLATIONS
+
+BEGIN = re.compile(r"<!-- generated: (?P<name>[a-z0-9-]+)(?P<args>(?: [a-z_]+=\S+)*) -->")
+END = "<!-- /generated -->"
+#: The files whose generated blocks a check covers (tests/test_docgen.py).
+DOCS = ("README.md", "docs/evaluation.md")
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    args: dict[str, str]
+    start: int  # index of the first character after the opening marker's line
+    end: int  # index of the closing marker
+
+
+def blocks(text: str) -> list[Block]:
+    out = []
+    for m in BEGIN.finditer(text):
+        start = text.index("\n", m.end()) + 1 if "\n" in text[m.end() :] else len(text)
+        end = text.find(END, start)
+        if end < 0:
+            raise TopasError(f"generated block {m.group('name')!r} has no {END}")
+        args = dict(a.split("=", 1) for a in m.group("args").split())
+        out.append(Block(m.group("name"), args, start, end))
+    return out
+
+
+def render(text: str, root: Path) -> str:
+    """`text` with every generated block recomputed."""
+    parts, last = [], 0
+    for b in blocks(text):
+        fn = BLOCKS.get(b.name)
+        if fn is None:
+            raise TopasError(f"unknown generated block {b.name!r} (known: {', '.join(BLOCKS)})")
+        parts += [text[last : b.start], fn(root, **b.args).rstrip("\n") + "\n"]
+        last = b.end
+    return "".join(parts) + text[last:]
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+@cache
+def _runs(path: Path) -> pd.DataFrame:
+    f = path / RUNS_FILE
+    if not f.is_file():
+        raise TopasError(f"{f}: missing (write it with `topas-bench report RUNS --out {path}`)")
+    runs = pd.read_csv(f, keep_default_na=False, na_values=[""])
+    runs["scheduler_params"] = runs["scheduler_params"].fillna("{}").astype(str)
+    return runs
+
+
+def runs_of(root: Path, directory: str) -> pd.DataFrame:
+    return _runs((root / directory).resolve())
+
+
+def _workload_order(names: list[str]) -> list[str]:
+    order = {w: i for i, w in enumerate(("chain3", "dag4", "dag10-wide", "metagpt-sop",
+                                         "metagpt-tl"))}  # fmt: skip
+    return sorted(names, key=lambda w: (order.get(w, len(order)), w))
+
+
+def _md(records: list[dict[str, Any]]) -> str:
+    if not records:
+        return "(no rows)\n"
+    return str(pd.DataFrame(records).to_markdown(index=False, disable_numparse=True)) + "\n"
+
+
+def _seeds(runs: pd.DataFrame) -> str:
+    s = sorted(int(x) for x in runs["seed"].unique())
+    if s == list(range(s[0], s[-1] + 1)) and len(s) > 2:
+        return f"{s[0]}-{s[-1]}"
+    return ",".join(str(x) for x in s)
+
+
+def _rate(runs: pd.DataFrame, workload: str) -> str:
+    r = runs[runs["workload"] == workload]["rate_per_s"].unique()
+    return f"{r[0]:.4g}" if len(r) == 1 else "several"
+
+
+def _label(name: str, rows: pd.DataFrame) -> str:
+    """A scheduler's label in a table: its name, marked `(tuned)` where its tuned form ran."""
+    tuned = (rows["other_variant"] == "tuned").any() if "other_variant" in rows else False
+    return f"{name} (tuned)" if tuned else name
+
+
+# -- blocks -----------------------------------------------------------------------------------
+
+
+def headline(root: Path, dir: str, focus: str = "topas") -> str:
+    """Per workload: the strongest other scheduler on mean and p99 JCT, the focus's margin over
+    it with the verdict, its verdicts against every other, and the paper's reduction."""
+    runs = runs_of(root, dir)
+    table = versus(runs, focus)
+    best = best_others(table)
+    records = []
+    for w in _workload_order(list(best["workload"].unique())):
+        row: dict[str, Any] = {"workload (rate /s)": f"{w} ({_rate(runs, w)})"}
+        for m in ("mean", "p99"):
+            b = best[(best["workload"] == w) & (best["metric"] == m)].iloc[0]
+            row[f"strongest other: {m}"] = f"{b['other_name']} {b['other_value']:.1f} s"
+            row[f"{focus} {m}"] = cell_text(b)
+            row[f"vs all {b['n_others']} ({m}): win / tie / loss"] = (
+                f"{b['n_win']} / {b['n_tie']} / {b['n_loss']}"
+            )
+        paper = PAPER_REDUCTIONS.get(w)
+        row["paper (mean / p99)"] = (
+            f"{100 * paper[0]:.1f}% / {100 * paper[1]:.1f}%" if paper else "-"
+        )
+        records.append(row)
+    cols = ["workload (rate /s)", "strongest other: mean", f"{focus} mean"]
+    cols += [c for c in records[0] if c.startswith("vs all") and "(mean)" in c]
+    cols += ["strongest other: p99", f"{focus} p99"]
+    cols += [c for c in records[0] if c.startswith("vs all") and "(p99)" in c]
+    cols += ["paper (mean / p99)"]
+    records = [{c: r.get(c, "-") for c in cols} for r in records]
+    return _md(records) + _caption(runs, len(table), "the focus against every other")
+
+
+def _caption(runs: pd.DataFrame, cells: int, what: str) -> str:
+    return (
+        f"\n(Seeds {_seeds(runs)}, engine {', '.join(sorted(set(runs['engine'])))}, "
+        f"{', '.join(sorted(set(runs['preset'])))}, {int(runs['num_tasks'].iloc[0])} tasks per "
+        f"run. {family_note(cells)} Family: {what}.)\n"
+    )
+
+
+def versus_matrix(root: Path, dir: str, metric: str = "mean", focus: str = "topas") -> str:
+    """Every other scheduler (rows) against the focus per workload (columns), one metric."""
+    runs = runs_of(root, dir)
+    table = versus(runs, focus)
+    t = table[table["metric"] == metric]
+    workloads = _workload_order(list(t["workload"].unique()))
+    records = []
+    for name, d in t.groupby("other_name", sort=False):
+        row = {"scheduler": _label(str(name), d)}
+        for w in workloads:
+            hit = d[d["workload"] == w]
+            row[w] = cell_text(hit.iloc[0]) if not hit.empty else "-"
+        records.append(row)
+    records.sort(key=lambda r: r["scheduler"])
+    return _md(records) + _caption(runs, len(table), f"{focus} against every other, mean and p99")
+
+
+def lever_table(root: Path, dir: str, focus: str = "topas") -> str:
+    """The focus against each of its ablations present, per workload (mean / p99)."""
+    runs = runs_of(root, dir)
+    present = [a for a in ABLATIONS if a in set(runs["scheduler_name"])]
+    table = levers(runs, present, focus)
+    workloads = _workload_order(list(table["workload"].unique()))
+    records = []
+    for w in workloads:
+        row = {"workload": w}
+        for a in present:
+            d = table[(table["workload"] == w) & (table["other_name"] == a)]
+            cells = {str(r["metric"]): r for _, r in d.iterrows()}
+            row[a] = (f"{cell_text(cells['mean'])} / {cell_text(cells['p99'])}"
+                      if {"mean", "p99"} <= set(cells) else "-")  # fmt: skip
+        records.append(row)
+    return _md(records) + _caption(runs, len(table), f"{focus} against each ablation")
+
+
+def preemption(
+    root: Path, dir: str, focus: str = "topas", without: str = "topas-no-preempt"
+) -> str:
+    """How much of the focus's margin is preemption: the focus against its non-preempting
+    variant (its own lever table family), and that variant against the strongest other."""
+    runs = runs_of(root, dir)
+    lever = levers(runs, [without], focus)
+    plain = best_others(versus(runs, without))
+    full = best_others(versus(runs, focus))
+    records = []
+    for w in _workload_order(list(lever["workload"].unique())):
+        row: dict[str, Any] = {"workload": w}
+        for m in ("mean", "p99"):
+            f = full[(full["workload"] == w) & (full["metric"] == m)].iloc[0]
+            p = plain[(plain["workload"] == w) & (plain["metric"] == m)].iloc[0]
+            lv = lever[(lever["workload"] == w) & (lever["metric"] == m)].iloc[0]
+            row[f"{focus} vs strongest other ({m})"] = f"{f['other_name']}: {cell_text(f)}"
+            row[f"{without} vs strongest other ({m})"] = f"{p['other_name']}: {cell_text(p)}"
+            row[f"preemption's worth ({m})"] = cell_text(lv)
+        records.append(row)
+    return _md(records) + (
+        f"\n(Seeds {_seeds(runs)}. Three families, each Holm-corrected: {focus} against every "
+        f"other ({len(versus(runs, focus))} cells), {without} against every other "
+        f"({len(versus(runs, without))}), {focus} against {without} ({len(lever)}).)\n"
+    )
+
+
+def tuning(root: Path, dir: str, tuned: str) -> str:
+    """Each tuned scheduler: its parameters, the budget, and the effect per workload."""
+    runs = runs_of(root, dir)
+    doc = _tuned_doc(root / tuned)
+    table = tuning_table(runs, None)
+    workloads = _workload_order(list(runs["workload"].unique()))
+    records = []
+    for name, entry in sorted(doc.get("scheduler", {}).items()):
+        params = entry.get("params", {})
+        row: dict[str, Any] = {
+            "scheduler": name,
+            "tuned parameters": ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(
+                params.items())) or "defaults won",
+            "objective: default -> tuned": _objective(entry),
+        }  # fmt: skip
+        d = table[(table["other_name"] == name) & (table["metric"] == "mean")]
+        for w in workloads:
+            hit = d[d["workload"] == w]
+            row[f"{w} (mean)"] = cell_text(hit.iloc[0]) if not hit.empty else "-"
+        records.append(row)
+    return _md(records) + (
+        f"\n(Budget: {_budget(doc)}. Effect: the tuned form against the defaults on the "
+        f"evaluation seeds {_seeds(runs)}, mean JCT, positive = tuning helped. "
+        f"{family_note(len(table))} Family: every tuned scheduler, mean and p99.)\n"
+    )
+
+
+def _tuned_doc(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TopasError(f"{path}: unreadable tuning file ({e})") from None
+
+
+def _objective(entry: Mapping[str, Any]) -> str:
+    a, b = entry.get("default_objective"), entry.get("tuned_objective")
+    if not isinstance(a, int | float) or not isinstance(b, int | float):
+        return "-"
+    return f"{a:.3f} -> {b:.3f}"
+
+
+def _budget(doc: Mapping[str, Any]) -> str:
+    b = doc.get("budget", {})
+    parts = [f"{b.get('trials', '?')} trials (or the whole grid when smaller)"]
+    if "seeds" in b:
+        parts.append("tuning seeds " + ",".join(str(s) for s in b["seeds"]))
+    if "workloads" in b:
+        parts.append("workloads " + ", ".join(b["workloads"]))
+    for k in ("tasks", "load", "preset"):
+        if k in b:
+            parts.append(f"{k} {b[k]}")
+    return "; ".join(parts)
+
+
+def mechanism(root: Path, dir: str, focus: str = "topas") -> str:
+    """Per workload: the focus, its ablations and the strongest other on mean JCT: decode
+    batch, distinct agents per decode batch, prefix hit rate, preemptions per run and the mean
+    wait from a call being ready to its first admission, averaged over seeds."""
+    runs = runs_of(root, dir)
+    best = best_others(versus(runs, focus))
+    records = []
+    for key, g in runs.groupby(GROUP_KEY, sort=False):
+        w = str(key[0])
+        reps = representatives(g)
+        if focus not in reps:
+            continue
+        strongest = best[(best["workload"] == w) & (best["metric"] == "mean")]
+        names = [focus, *(a for a in ABLATIONS if a in reps)]
+        names += [str(strongest.iloc[0]["other_name"])] if not strongest.empty else []
+        for name in names:
+            d = g[g["scheduler"] == reps[name]]
+            records.append({
+                "workload": w, "scheduler": name, "decode batch": f"{d['decode_batch'].mean():.2f}",
+                "agents / batch": f"{d['agents_per_batch'].mean():.2f}",
+                "prefix hit": f"{100 * d['prefix_hit_rate'].mean():.1f}%",
+                "preemptions / run": f"{d['preemptions'].mean():.0f}",
+                "wait to admission (s)": f"{d['queue_mean_s'].mean():.1f}",
+            })  # fmt: skip
+    order = _workload_order(list({r["workload"] for r in records}))
+    records.sort(key=lambda r: order.index(r["workload"]))  # stable: a workload's rows in order
+    return _md(records) + f"\n(Means over seeds {_seeds(runs)}.)\n"
+
+
+def per_seed(root: Path, dir: str, focus: str = "topas") -> str:
+    """The focus's mean-JCT margin over the strongest other (chosen on the mean over all the
+    seeds), seed by seed: how much one seed carries."""
+    runs = runs_of(root, dir)
+    best = best_others(versus(runs, focus))
+    seeds = sorted(int(s) for s in runs["seed"].unique())
+    records = []
+    for _, b in best[best["metric"] == "mean"].iterrows():
+        g = runs[(runs["workload"] == b["workload"]) & (runs["group_label"] == b["group_label"])]
+        f = g[g["scheduler"] == b["focus"]].set_index("seed")["mean_jct_s"]
+        o = g[g["scheduler"] == b["other"]].set_index("seed")["mean_jct_s"]
+        row = {"workload": str(b["workload"]), "strongest other": str(b["other_name"])}
+        for s in seeds:
+            row[str(s)] = f"{100 * (1 - f[s] / o[s]):+.1f}" if s in f and s in o else "-"
+        row["all seeds"] = pct(float(b["margin"]))
+        records.append(row)
+    order = _workload_order([r["workload"] for r in records])
+    records.sort(key=lambda r: order.index(r["workload"]))
+    return _md(records) + "\n(Per seed: 1 - focus / other on that seed's mean JCT, in %.)\n"
+
+
+def regime_summary(root: Path, dir: str) -> str:
+    """Per workload of the regime map: the margin's range over its cells, its verdicts, and
+    where residency (TOPAS against topas-no-pins) pays or hurts."""
+    runs = runs_of(root, dir)
+    table = regime_table(runs)
+    records = []
+    for w in _workload_order(list(table["workload"].unique())):
+        d = table[table["workload"] == w]
+        counts = {m: d[f"verdict_{m}"].value_counts() for m in ("mean", "p99")}
+        res = d["residency"].value_counts()
+        lever = d[f"vs_{NO_PINS}_mean"] if f"vs_{NO_PINS}_mean" in d else pd.Series(dtype=float)
+        records.append({
+            "workload": w, "cells": str(len(d)),
+            "TOPAS vs best other, mean: range": f"{pct(d['margin_mean'].min())} .. "
+                                                f"{pct(d['margin_mean'].max())}",
+            "win / tie / loss (mean)": _wtl(counts["mean"]),
+            "win / tie / loss (p99)": _wtl(counts["p99"]),
+            "residency (vs no-pins): range": f"{100 * lever.min():+.1f} .. "
+                                             f"{100 * lever.max():+.1f} pts"
+            if not lever.empty else "-",
+            "residency pays / tie / hurts": f"{res.get('pays', 0)} / {res.get('tie', 0)} / "
+                                            f"{res.get('hurts', 0)}",
+        })  # fmt: skip
+    n = len(table)
+    return _md(records) + (
+        f"\n(Seeds {_seeds(runs)}, {int(runs['num_tasks'].iloc[0])} tasks per run. Verdicts "
+        f"Holm-corrected over the map's {n} cells per metric; residency likewise over its {n} "
+        "cells.)\n"
+    )
+
+
+def _wtl(c: pd.Series) -> str:
+    return f"{c.get('win', 0)} / {c.get('tie', 0)} / {c.get('loss', 0)}"
+
+
+def calibration(root: Path, capacity: str) -> str:
+    """Each scheduler's saturation rate per workload from a sweep's capacity.json (the rate
+    at which its mean JCT reaches 3x the unloaded one)."""
+    path = root / capacity
+    try:
+        rows = json.loads(path.read_text())["capacities"]
+    except (OSError, ValueError, KeyError) as e:
+        raise TopasError(f"{path}: unreadable capacity file ({e})") from None
+    caps: dict[str, dict[str, float]] = {}
+    for r in rows:
+        caps.setdefault(r["workload"], {})[r["scheduler"]] = float(r["capacity_tps"])
+    names = sorted({s for c in caps.values() for s in c})
+    records = []
+    for w in _workload_order(list(caps)):
+        c = caps[w]
+        best = min(c, key=lambda s: (-c[s], s))
+        records.append({"workload": w, **{s: f"{c[s]:.4g}" if s in c else "-" for s in names},
+                        "best": f"{c[best]:.4g} ({best})"})  # fmt: skip
+    return _md(records)
+
+
+def demand(root: Path, tasks: str = "150", seed: str = "101") -> str:
+    """What one task asks of the server, per workload, from its generator: calls, input and
+    output tokens per task, the largest prompt."""
+    from topas_bench.workloads.registry import generate  # the generators: only this block
+
+    records = []
+    for w in ("chain3", "dag4", "dag10-wide", "metagpt-sop", "metagpt-tl"):
+        sample = generate(w, num_tasks=int(tasks), seed=int(seed))
+        calls = [s for t in sample.tasks for s in t.stages]
+        n = len(sample.tasks)
+        prompts = [s.prompt_tokens for s in calls]
+        outs = [s.output_tokens for s in calls]
+        records.append({
+            "workload": w, "calls / task": f"{len(calls) / n:.1f}",
+            "input tokens / task": f"{sum(prompts) / n:,.0f}",
+            "output tokens / task (per call)":
+                f"{sum(outs) / n:,.0f} ({sum(outs) / len(calls):,.0f})",
+            "largest prompt": f"{max(prompts):,}",
+        })  # fmt: skip
+    return _md(records) + f"\n({tasks} tasks of seed {seed}, as generated.)\n"
+
+
+BLOCKS: dict[str, Callable[..., str]] = {
+    "headline": headline,
+    "versus": versus_matrix,
+    "levers": lever_table,
+    "preemption": preemption,
+    "tuning": tuning,
+    "mechanism": mechanism,
+    "per-seed": per_seed,
+    "regime-summary": regime_summary,
+    "calibration": calibration,
+    "demand": demand,
+}
