@@ -43,7 +43,7 @@ from topas_bench.analysis.render import RUNS_FILE
 from topas_bench.analysis.report import PAPER_REDUCTIONS
 from topas_bench.analysis.verdict import family_note
 from topas_bench.errors import TopasError
-from topas_bench.schedulers.registry import ABLATIONS
+from topas_bench.schedulers.registry import ABLATIONS, BASELINES
 
 BEGIN = re.compile(r"<!-- generated: (?P<name>[a-z0-9-]+)(?P<args>(?: [a-z_]+=\S+)*) -->")
 END = "<!-- /generated -->"
@@ -415,7 +415,87 @@ def demand(root: Path, tasks: str = "150", seed: str = "101") -> str:
     return _md(records) + f"\n({tasks} tasks of seed {seed}, as generated.)\n"
 
 
+def _old_claim(r: pd.Series, col: str, against: str) -> str:
+    v, lo, hi = (float(r[f"{col}{x}"]) for x in ("", "_lo", "_hi"))
+    word = "win" if lo > 0 else "loss" if hi < 0 else "tie"
+    return f"{against}: {pct(v, lo, hi)} {word}"
+
+
+def changes(root: Path, old: str, new: str, focus: str = "topas") -> str:
+    """Each headline claim of an earlier report (its report.csv: 5 seeds, an uncorrected
+    interval read as a win where it excludes 0) beside what the protocol's runs say now."""
+    try:
+        before = pd.read_csv(root / old / "report.csv")
+    except (OSError, ValueError) as e:
+        raise TopasError(f"{root / old / 'report.csv'}: unreadable ({e})") from None
+    runs = runs_of(root, new)
+    table = versus(runs, focus)
+    base = table[table["other_name"].isin(BASELINES)]
+    records = []
+    for w in _workload_order(list(table["workload"].unique())):
+        t = before[(before["workload"] == w) & (before["scheduler"] == focus)]
+        for m in ("mean", "p99"):
+            now = table[(table["workload"] == w) & (table["metric"] == m)]
+            nb = base[(base["workload"] == w) & (base["metric"] == m)]
+            if t.empty or now.empty or nb.empty:
+                continue
+            r = t.iloc[0]
+            strongest = now.sort_values(["other_value", "other"]).iloc[0]
+            best_base = nb.sort_values(["other_value", "other"]).iloc[0]
+            records.append({
+                "workload": w, "metric": m,
+                "then vs best baseline": _old_claim(r, f"reduction_{m}",
+                                                    str(r[f"best_baseline_{m}"])),
+                "now vs best baseline": f"{best_base['other_name']}: {cell_text(best_base, False)}",
+                "then vs best of all": _old_claim(r, f"reduction_any_{m}", str(r[f"best_any_{m}"])),
+                "now vs best of all": f"{strongest['other_name']}: {cell_text(strongest, False)}",
+            })  # fmt: skip
+    seeds = ",".join(
+        str(s) for s in sorted({int(x) for x in str(before["seeds"].iloc[0]).split(",")})
+    )
+    return _md(records) + (
+        f"\n(Then: {old}/report.csv, seeds {seeds}, {focus} with its defaults against every "
+        "scheduler's defaults, a win wherever the 95% interval excluded 0, uncorrected. Now: "
+        f"seeds {_seeds(runs)}, each scheduler in its tuned form where it has one, verdicts "
+        f"Holm-corrected over the {len(table)} cells of {focus} against every other.)\n"
+    )
+
+
+def changes_regime(root: Path, old: str, new: str) -> str:
+    """The regime map's counts then (regime.csv of an earlier run: uncorrected intervals) and
+    now (the protocol's corrected verdicts)."""
+    try:
+        before = pd.read_csv(root / old / "regime.csv")
+    except (OSError, ValueError) as e:
+        raise TopasError(f"{root / old / 'regime.csv'}: unreadable ({e})") from None
+    now = regime_table(runs_of(root, new))
+    records = []
+    for w in _workload_order(list(set(before["workload"]) | set(now["workload"]))):
+        b, n = before[before["workload"] == w], now[now["workload"] == w]
+        bounds = zip(b["margin_mean_lo"], b["margin_mean_hi"], strict=True)
+        then = ["win" if lo > 0 else "loss" if hi < 0 else "tie" for lo, hi in bounds]
+        pins_lo, pins_hi = b.get(f"vs_{NO_PINS}_mean_lo"), b.get(f"vs_{NO_PINS}_mean_hi")
+        pays = int((pins_lo > 0).sum()) if pins_lo is not None else 0
+        hurts = int((pins_hi < 0).sum()) if pins_hi is not None else 0
+        res = n["residency"].value_counts() if not n.empty else pd.Series(dtype=int)
+        records.append({
+            "workload": w,
+            "then: win / tie / loss (mean)": _wtl(pd.Series(then).value_counts()) if then else "-",
+            "now: win / tie / loss (mean)": _wtl(n["verdict_mean"].value_counts())
+            if not n.empty else "-",
+            "then: residency pays / hurts": f"{pays} / {hurts}" if len(b) else "-",
+            "now: residency pays / hurts": f"{res.get('pays', 0)} / {res.get('hurts', 0)}"
+            if not n.empty else "-",
+        })  # fmt: skip
+    return _md(records) + (
+        f"\n(Then: {old}/regime.csv, 5 seeds, each cell's 95% interval read on its own. Now: "
+        f"{new}, verdicts Holm-corrected over the map's cells.)\n"
+    )
+
+
 BLOCKS: dict[str, Callable[..., str]] = {
+    "changes": changes,
+    "changes-regime": changes_regime,
     "headline": headline,
     "versus": versus_matrix,
     "levers": lever_table,
