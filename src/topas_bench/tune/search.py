@@ -1,0 +1,389 @@
+"""`topas-bench tune`: search each scheduler's grid on tuning seeds, all with one budget.
+
+Tuning seeds are kept apart from evaluation seeds (`EVAL_SEEDS`, those of the reported results):
+a setting is chosen on one set of workload samples and judged on another.
+
+The regime is the paper-regime sweep's: every workload at `load` x the best saturation rate of
+`load_reference` (the paper's five baselines by default), measured once and kept in
+``OUT/capacity.json`` by the sweep's machinery, the preset's derived KV budget unless given.
+Every cell is an ordinary run stored under ``OUT``, exactly the cell `topas-bench sweep` would
+write for that scheduler and setting: a setting tried twice costs nothing the second time.
+
+The objective of a setting (`tuned.OBJECTIVE`): over every (workload, tuning seed) sample, its
+mean JCT and its p99 JCT each divided by the best default baseline's on the same sample,
+averaged; the objective is the mean of the two (0.8 = 20% better than the best baseline).
+
+Budget parity: every scheduler gets `trials` trials of one study on the same workloads, seeds,
+tasks, load and objective; a grid of at most `trials` distinct policies is enumerated whole
+instead (each point once). A study starts from the defaults, then samples the grid with TPE
+(seeded); it lives in SQLite, ``OUT/tune.db``, named after everything that defines it, so the
+same command resumes it up to its budget (more `trials` add to it) and ``jobs`` worker
+processes share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import statistics
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from topas_bench.errors import TopasError
+from topas_bench.experiment import plan_run
+from topas_bench.harness import run_cells
+from topas_bench.progress import Progress
+from topas_bench.runners.sim.cost import load_preset
+from topas_bench.schedulers.registry import BASELINES, make_policy
+from topas_bench.spec import DEFAULT_PRESET, RunSpec
+from topas_bench.sweep.run import CAPACITY_FILE, read_capacities, reference_capacity, run_sweep
+from topas_bench.sweep.spec import SweepSpec
+from topas_bench.tune.grids import Grid, canonical, grid_for, key, points, size, strip_defaults
+from topas_bench.tuned import Budget, Score, Tuned, TunedSet, load_tuned, write_tuned
+
+#: Seeds of the reported results; tuning must not use them.
+EVAL_SEEDS = tuple(range(10))
+TUNING_SEEDS = (101, 102, 103)
+#: The paper's five workloads.
+PAPER_WORKLOADS = ("chain3", "dag4", "dag10-wide", "metagpt-sop", "metagpt-tl")
+STUDY_FILE = "tune.db"
+TUNED_FILE = "tuned.toml"
+
+#: (workload, seed) -> (the best default baseline's mean JCT, its p99 JCT), each the lowest
+Best = dict[tuple[str, int], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """A tuning campaign: the schedulers, each tuned in turn with the same budget.
+
+    grids: a scheduler's grid in place of its `GRIDS` entry (`--param`)."""
+
+    schedulers: tuple[str, ...] = ("topas",)
+    workloads: tuple[str, ...] = PAPER_WORKLOADS
+    num_tasks: int = 80
+    seeds: tuple[int, ...] = TUNING_SEEDS
+    load: float = 0.8
+    load_reference: tuple[str, ...] = BASELINES
+    preset: str = DEFAULT_PRESET
+    kv_budget_tokens: int | None = None
+    grids: Mapping[str, Grid] = field(default_factory=dict)
+    trials: int = 30
+    jobs: int = 2
+    out: Path = Path("runs/tune")
+
+    def __post_init__(self) -> None:
+        overlap = sorted(set(self.seeds) & set(EVAL_SEEDS))
+        if overlap:
+            raise TopasError(
+                f"tuning seeds {overlap} overlap the evaluation seeds {EVAL_SEEDS[0]}-"
+                f"{EVAL_SEEDS[-1]}; pick others (default {TUNING_SEEDS[0]}-{TUNING_SEEDS[-1]})"
+            )
+        for name in ("schedulers", "workloads", "seeds", "load_reference"):
+            values = getattr(self, name)
+            if not values:
+                raise TopasError(f"tune: no {name}")
+            if len(set(values)) != len(values):
+                raise TopasError(f"tune: {name} lists a value twice: {list(values)}")
+        if self.trials < 1 or self.jobs < 1 or self.num_tasks < 1:
+            raise TopasError("--trials, --jobs and --tasks must be >= 1")
+        if not self.load > 0:
+            raise TopasError(f"--load must be a positive number, got {self.load}")
+        for name in self.schedulers:
+            grid_for(name)  # tunable, or the list of those that are
+        for name, grid in self.grids.items():
+            if name not in self.schedulers:
+                raise TopasError(f"--param for {name}, which is not tuned here")
+            for param, values in grid.items():
+                if not values:
+                    raise TopasError(f"--param {param} has no values")
+                for v in values:
+                    if v is not None and not isinstance(v, bool | int | float | str):
+                        raise TopasError(f"--param {param}: {v!r} is not a number, string, "
+                                         "bool or null")  # fmt: skip
+                    make_policy(name, **{param: v})  # a bad name or value fails here, named
+
+    def grid(self, scheduler: str) -> Grid:
+        return self.grids.get(scheduler) or grid_for(scheduler)
+
+    def study_name(self, scheduler: str) -> str:
+        """Everything that defines `scheduler`'s study (not how many trials or workers)."""
+        d = {k: v for k, v in asdict(self).items()
+             if k not in ("schedulers", "grids", "trials", "jobs", "out")}  # fmt: skip
+        d |= {"scheduler": scheduler, "grid": self.grid(scheduler)}
+        blob = json.dumps(d, sort_keys=True, default=str)
+        return f"{scheduler}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+    def budget(self) -> Budget:
+        kv = self.kv_budget_tokens
+        tokens = kv if kv is not None else load_preset(self.preset).derived_kv_budget_tokens
+        return Budget(
+            trials=self.trials, seeds=self.seeds, workloads=self.workloads, tasks=self.num_tasks,
+            load=self.load, load_reference=self.load_reference, preset=self.preset,
+            kv_budget_tokens=tokens, kv_budget_derived=kv is None,
+        )  # fmt: skip
+
+    def sweep(self, schedulers: tuple[str, ...]) -> SweepSpec:
+        """The sweep of `schedulers` (at their defaults) in this regime."""
+        return SweepSpec(
+            workloads=self.workloads, schedulers=schedulers, seeds=self.seeds,
+            loads=(self.load,), presets=(self.preset,), kv_budgets=(self.kv_budget_tokens,),
+            num_tasks=self.num_tasks, load_reference=self.load_reference,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Trial:
+    params: dict[str, Any]
+    objective: float
+    mean_ratio: float
+    p99_ratio: float
+
+    @property
+    def score(self) -> Score:
+        return Score(self.objective, self.mean_ratio, self.p99_ratio)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    scheduler: str
+    best: Trial
+    default: Trial
+    trials: list[Trial]
+    grid_points: int
+    study: str
+    storage: str
+
+    def entry(self, grid: Grid) -> Tuned:
+        return Tuned(
+            scheduler=self.scheduler, params=self.best.params, default=self.default.score,
+            tuned=self.best.score, trials=len(self.trials), grid_points=self.grid_points,
+            grid=dict(grid), study=self.study,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What every trial's cells need from the parent: each workload's reference saturation
+    rate and each sample's best default baseline."""
+
+    capacities: Mapping[str, float]
+    best: Best
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise TopasError("tune needs Optuna: pip install 'topas-bench[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def _run(spec: TuneSpec, workload: str, seed: int, schedulers: tuple[str, ...],
+         params: Mapping[str, Mapping[str, Any]]) -> RunSpec:  # fmt: skip
+    return RunSpec(
+        workload=workload, schedulers=schedulers, num_tasks=spec.num_tasks, seed=seed,
+        load=spec.load, load_reference=spec.load_reference, preset=spec.preset,
+        kv_budget_tokens=spec.kv_budget_tokens, scheduler_params=params, out=spec.out,
+    )  # fmt: skip
+
+
+def _jcts(spec: TuneSpec, regime: Regime, workload: str, seed: int, scheduler: str,
+          params: Mapping[str, Any]) -> tuple[float, float]:  # fmt: skip
+    run = _run(spec, workload, seed, (scheduler,), {scheduler: params} if params else {})
+    plan = plan_run(run, capacity_tps=regime.capacities[workload])
+    s = run_cells(plan, [scheduler])[0].summary
+    return s["mean_jct_s"], s["p99_jct_s"]
+
+
+def _score(spec: TuneSpec, regime: Regime, scheduler: str, params: Mapping[str, Any]) -> Trial:
+    """`params` on every (workload, seed) sample, against the best default baselines."""
+    ms, ps = [], []
+    for w in spec.workloads:
+        for seed in spec.seeds:
+            mean, p99 = _jcts(spec, regime, w, seed, scheduler, params)
+            best_mean, best_p99 = regime.best[(w, seed)]
+            ms.append(mean / best_mean)
+            ps.append(p99 / best_p99)
+    m, q = statistics.mean(ms), statistics.mean(ps)
+    return Trial(dict(params), (m + q) / 2, m, q)
+
+
+def prepare(spec: TuneSpec, progress: Progress | None = None) -> Regime:
+    """Measure the reference saturation rates and run the baselines at their defaults (a
+    sweep into OUT, resumable), then read each sample's best baseline."""
+    result = run_sweep([spec.sweep(BASELINES)], spec.out, jobs=spec.jobs, progress=progress)
+    if result.failed:
+        c = result.failed[0]
+        raise TopasError(f"a baseline failed: {c.workload}/{c.scheduler} seed {c.seed}: {c.error}")
+    caps = read_capacities(spec.out / CAPACITY_FILE)
+    capacities: dict[str, float] = {}
+    best: Best = {}
+    for w in spec.workloads:
+        for seed in spec.seeds:
+            run = _run(spec, w, seed, BASELINES, {})
+            capacities[w] = reference_capacity(run, caps)
+            cells = run_cells(plan_run(run, capacity_tps=capacities[w]), list(BASELINES))
+            best[(w, seed)] = (min(c.summary["mean_jct_s"] for c in cells),
+                               min(c.summary["p99_jct_s"] for c in cells))  # fmt: skip
+    return Regime(capacities, best)
+
+
+def _work(spec: TuneSpec, scheduler: str, storage: str, regime: Regime, trials: int,
+          worker: int, progress: Progress | None = None) -> None:  # fmt: skip
+    """One worker: `trials` trials of the shared study (its own sampler seed); `progress`
+    (in this process only) counts them."""
+    optuna = _optuna()
+    study = optuna.load_study(
+        study_name=spec.study_name(scheduler), storage=storage,
+        sampler=optuna.samplers.TPESampler(seed=worker),
+    )  # fmt: skip
+    grid = spec.grid(scheduler)
+    base = make_policy(scheduler).params
+
+    def objective(trial: Any) -> float:
+        raw = {n: trial.suggest_categorical(n, list(grid[n])) for n in grid}
+        params = strip_defaults(scheduler, canonical(scheduler, raw, base))
+        t = _score(spec, regime, scheduler, params)
+        trial.set_user_attr("mean_ratio", t.mean_ratio)
+        trial.set_user_attr("p99_ratio", t.p99_ratio)
+        trial.set_user_attr("params", params)
+        return t.objective
+
+    def count(study: Any, _: Any) -> None:
+        if progress is not None:
+            n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+            progress.update(scheduler, n)
+
+    study.optimize(objective, n_trials=trials, callbacks=[count])
+
+
+def tune_one(
+    spec: TuneSpec, scheduler: str, regime: Regime, progress: Progress | None = None
+) -> TuneResult:
+    """`scheduler`'s study, run up to its budget: min(trials, grid points) trials."""
+    optuna = _optuna()
+    progress = progress or Progress()
+    storage = f"sqlite:///{(spec.out / STUDY_FILE).resolve()}"
+    name, grid = spec.study_name(scheduler), spec.grid(scheduler)
+    study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
+                                load_if_exists=True)  # fmt: skip
+    base = make_policy(scheduler).params
+    states = optuna.trial.TrialState
+    done = study.get_trials(deepcopy=False, states=(states.COMPLETE,))
+    waiting = study.get_trials(deepcopy=False, states=(states.WAITING,))
+    n_points = size(scheduler, grid)
+    if n_points <= spec.trials:  # enumerate the grid: each point once
+        every = points(scheduler, grid)
+        seen = {key(canonical(scheduler, t.params, base)) for t in done}
+        queued = {key(canonical(scheduler, t.params, base)) for t in waiting}
+        todo = [p for p in every if key(p) not in seen]
+        for p in todo:
+            if key(p) not in queued:
+                study.enqueue_trial(p)
+        left = len(todo)
+    else:
+        if not done and not waiting and all(base.get(k, object()) in v for k, v in grid.items()):
+            study.enqueue_trial({k: base[k] for k in grid})  # the defaults first
+        left = max(spec.trials - len(done), 0)
+    before = len(done)
+    progress.phase(scheduler, before + left)
+    progress.update(scheduler, before, "resumed" if before else "")
+    _optimise(spec, scheduler, storage, regime, left, before, study, progress)
+    progress.end(scheduler)
+    trials = [_trial(t) for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
+    default = next((t for t in trials if not t.params), None)
+    if default is None:  # the grid cannot express the defaults: evaluate them apart
+        default = _score(spec, regime, scheduler, {})
+    # the lowest objective; on a tie the defaults, then the earlier trial
+    best = min([default, *trials], key=lambda t: (t.objective, bool(t.params)))
+    return TuneResult(scheduler, best, default, trials, n_points, name, storage)
+
+
+def _optimise(
+    spec: TuneSpec, scheduler: str, storage: str, regime: Regime, left: int, before: int,
+    study: Any, progress: Progress,
+) -> None:  # fmt: skip
+    """`left` trials over `spec.jobs` workers (sampler seeds from `before`: a resumed study
+    does not repeat its samples), counting finished trials as they come."""
+    jobs = min(spec.jobs, left)
+    if jobs <= 1:
+        if left:
+            _work(spec, scheduler, storage, regime, left, before, progress)
+        return
+    shares = [left // jobs + (i < left % jobs) for i in range(jobs)]
+    complete = (_optuna().trial.TrialState.COMPLETE,)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        pending = {pool.submit(_work, spec, scheduler, storage, regime, n, before + i)
+                   for i, n in enumerate(shares)}  # fmt: skip
+        while pending:
+            finished, pending = wait(pending, timeout=5.0, return_when=FIRST_COMPLETED)
+            for f in finished:
+                f.result()
+            progress.update(scheduler, len(study.get_trials(deepcopy=False, states=complete)))
+
+
+def _trial(t: Any) -> Trial:
+    a = t.user_attrs
+    return Trial(dict(a["params"]), float(t.value), float(a["mean_ratio"]), float(a["p99_ratio"]))
+
+
+def tune(
+    spec: TuneSpec,
+    progress: Progress | None = None,
+    on_result: Callable[[TuneResult], None] | None = None,
+) -> tuple[list[TuneResult], TunedSet]:
+    """Tune every scheduler of `spec` in turn with the same budget, merging each result into
+    ``OUT/tuned.toml`` as it comes (a file of another budget is refused before anything
+    runs); `on_result` sees each scheduler's result."""
+    _optuna()
+    spec.out.mkdir(parents=True, exist_ok=True)
+    path = spec.out / TUNED_FILE
+    tuned = TunedSet(spec.budget(), {}, str(path))
+    if path.exists():
+        tuned = load_tuned(path).merged(tuned)  # the same budget, or a clear error
+    regime = prepare(spec, progress)
+    results = []
+    for scheduler in spec.schedulers:
+        result = tune_one(spec, scheduler, regime, progress)
+        results.append(result)
+        entry = result.entry(spec.grid(scheduler))
+        tuned = tuned.merged(TunedSet(tuned.budget, {scheduler: entry}))
+        write_tuned(path, tuned)
+        if on_result is not None:
+            on_result(result)
+    return results, tuned
+
+
+def plots(result: TuneResult, out: Path) -> list[Path]:
+    """Optuna's optimisation history and parameter importances (matplotlib), PNG and SVG."""
+    import warnings
+
+    optuna = _optuna()
+    from optuna.visualization import matplotlib as vis
+
+    from topas_bench.analysis.figures import pyplot
+
+    plt = pyplot()
+    study = optuna.load_study(study_name=result.study, storage=result.storage)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    drawn: list[tuple[str, Callable[[Any], Any]]] = [("history", vis.plot_optimization_history)]
+    if len({tuple(sorted(t.params.items())) for t in study.trials}) > 2:
+        drawn.append(("importances", vis.plot_param_importances))
+    for name, draw in drawn:
+        with warnings.catch_warnings():  # Optuna's notes on tiny studies, not our problem
+            warnings.simplefilter("ignore")
+            fig: Any = draw(study).figure
+        for ext in ("png", "svg"):
+            p = out / f"{name}.{ext}"
+            fig.savefig(p, dpi=110, bbox_inches="tight")
+            written.append(p)
+        plt.close(fig)
+    return written
