@@ -166,11 +166,14 @@ def run(
         if variants:  # the same sample, each tuned variant beside its default
             from dataclasses import replace
 
+            from rich.markup import escape
+
             from topas_bench.analysis.collect import scheduler_label
 
             again = replace(plan, schedulers=tuple(variants), scheduler_params=variants)
-            results += [replace(c, scheduler=scheduler_label(c.scheduler, variants[c.scheduler]))
-                        for c in run_plan(again, force=force, progress=bars)]  # fmt: skip
+            for c in run_plan(again, force=force, progress=bars):  # rows named name[k=v,...]
+                label = escape(scheduler_label(c.scheduler, variants[c.scheduler]))
+                results.append(replace(c, scheduler=label))
     print_run_table(out, plan, results)
 
 

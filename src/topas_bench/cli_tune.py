@@ -62,7 +62,9 @@ def tune(
         int,
         typer.Option(help="Trials per scheduler, in all (a grid with fewer points: each once)."),
     ] = 30,
-    jobs: Annotated[int, typer.Option(help="Worker processes sharing a study.")] = 2,
+    jobs: Annotated[
+        int, typer.Option(help="Worker processes running the baselines and each trial's cells.")
+    ] = 2,
     plots: Annotated[
         bool, typer.Option(help="Draw Optuna's history and importances into OUT/plots/NAME.")
     ] = False,

@@ -211,12 +211,12 @@ def load_tuned(path: str | os.PathLike[str]) -> TunedSet:
 
 
 class _Bad(Exception):
-    pass
+    """What is wrong, where (`at`: a table, or "" for the file's top level)."""
 
 
 def _parse(doc: Mapping[str, Any], where: str) -> TunedSet:
-    _keys(doc, {"budget", "schedulers"}, "the file")
-    b = _table(doc, "budget", "the file")
+    _keys(doc, {"budget", "schedulers"}, "", optional={"schedulers"})
+    b = _table(doc, "budget", "")
     budget_keys = {f.name for f in fields(Budget)}
     _keys(b, budget_keys, "[budget]")
     budget = Budget(
@@ -233,7 +233,7 @@ def _parse(doc: Mapping[str, Any], where: str) -> TunedSet:
         objective=_get(b, "objective", str, "[budget]"),
     )
     entries = {}
-    for name, raw in _table(doc, "schedulers", "the file").items():
+    for name, raw in _table({"schedulers": {}} | dict(doc), "schedulers", "").items():
         at = f"[schedulers.{name}]"
         if name not in SCHEDULERS:
             raise _Bad(f"{at}: unknown scheduler; known: {', '.join(SCHEDULERS.names())}")
@@ -256,19 +256,25 @@ def _parse(doc: Mapping[str, Any], where: str) -> TunedSet:
     return TunedSet(budget, entries, where)
 
 
-def _keys(table: Mapping[str, Any], known: set[str], at: str) -> None:
-    missing = sorted(known - set(table))
+def _keys(
+    table: Mapping[str, Any], known: set[str], at: str, optional: set[str] | None = None
+) -> None:
+    missing = sorted(known - set(table) - (optional or set()))
     unknown = sorted(set(table) - known)
     if unknown:
-        raise _Bad(f"{at}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        raise _Bad(f"{_at(at)}unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
     if missing:
-        raise _Bad(f"{at}: `{missing[0]}` is missing")
+        raise _Bad(f"{_at(at)}`{missing[0]}` is missing")
+
+
+def _at(at: str) -> str:
+    return f"{at}: " if at else ""
 
 
 def _table(table: Mapping[str, Any], key: str, at: str) -> dict[str, Any]:
     value = table.get(key)
     if not isinstance(value, dict):
-        raise _Bad(f"{at}: `{key}` must be a table")
+        raise _Bad(f"{_at(at)}`{key}` must be a table")
     return value
 
 

@@ -13,23 +13,22 @@ The objective of a setting (`tuned.OBJECTIVE`): over every (workload, tuning see
 mean JCT and its p99 JCT each divided by the best default baseline's on the same sample,
 averaged; the objective is the mean of the two (0.8 = 20% better than the best baseline).
 
-Budget parity: every scheduler gets `trials` trials of one study on the same workloads, seeds,
+Budget parity: every scheduler gets `trials` distinct settings on the same workloads, seeds,
 tasks, load and objective; a grid of at most `trials` distinct policies is enumerated whole
 instead (each point once). A study starts from the defaults, then samples the grid with TPE
-(seeded); it lives in SQLite, ``OUT/tune.db``, named after everything that defines it, so the
-same command resumes it up to its budget (more `trials` add to it) and ``jobs`` worker
-processes share it.
+(seeded), one trial after the other, each trial's cells on ``jobs`` worker processes; it lives
+in SQLite, ``OUT/tune.db``, named after everything that defines it, so the same command
+resumes it up to its budget (more `trials` add to it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
+import random
 import statistics
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from topas_bench.progress import Progress
 from topas_bench.runners.sim.cost import load_preset
 from topas_bench.schedulers.registry import BASELINES, make_policy
 from topas_bench.spec import DEFAULT_PRESET, RunSpec
+from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.run import CAPACITY_FILE, read_capacities, reference_capacity, run_sweep
 from topas_bench.sweep.spec import SweepSpec
 from topas_bench.tune.grids import Grid, canonical, grid_for, key, points, size, strip_defaults
@@ -142,6 +142,7 @@ class Trial:
     objective: float
     mean_ratio: float
     p99_ratio: float
+    number: int = -1  # the study's trial number (-1: not a trial of the study)
 
     @property
     def score(self) -> Score:
@@ -193,23 +194,27 @@ def _run(spec: TuneSpec, workload: str, seed: int, schedulers: tuple[str, ...],
     )  # fmt: skip
 
 
-def _jcts(spec: TuneSpec, regime: Regime, workload: str, seed: int, scheduler: str,
-          params: Mapping[str, Any]) -> tuple[float, float]:  # fmt: skip
+#: A trial's cell: the spec, the workload's reference capacity, workload, seed, scheduler, params.
+CellJob = tuple[TuneSpec, float, str, int, str, Mapping[str, Any]]
+
+
+def _cell(job: CellJob) -> tuple[str, int, float, float]:
+    """One cell's (workload, seed, mean JCT, p99 JCT); a worker's entry point."""
+    spec, capacity, workload, seed, scheduler, params = job
     run = _run(spec, workload, seed, (scheduler,), {scheduler: params} if params else {})
-    plan = plan_run(run, capacity_tps=regime.capacities[workload])
-    s = run_cells(plan, [scheduler])[0].summary
-    return s["mean_jct_s"], s["p99_jct_s"]
+    s = run_cells(plan_run(run, capacity_tps=capacity), [scheduler])[0].summary
+    return workload, seed, s["mean_jct_s"], s["p99_jct_s"]
 
 
-def _score(spec: TuneSpec, regime: Regime, scheduler: str, params: Mapping[str, Any]) -> Trial:
+def _score(
+    spec: TuneSpec, regime: Regime, ex: Executor, scheduler: str, params: Mapping[str, Any]
+) -> Trial:
     """`params` on every (workload, seed) sample, against the best default baselines."""
-    ms, ps = [], []
-    for w in spec.workloads:
-        for seed in spec.seeds:
-            mean, p99 = _jcts(spec, regime, w, seed, scheduler, params)
-            best_mean, best_p99 = regime.best[(w, seed)]
-            ms.append(mean / best_mean)
-            ps.append(p99 / best_p99)
+    jobs = [(spec, regime.capacities[w], w, seed, scheduler, dict(params))
+            for w in spec.workloads for seed in spec.seeds]  # fmt: skip
+    got = {(w, seed): (mean, p99) for w, seed, mean, p99 in ex.imap_unordered(_cell, jobs)}
+    ms = [got[k][0] / regime.best[k][0] for k in sorted(got)]
+    ps = [got[k][1] / regime.best[k][1] for k in sorted(got)]
     m, q = statistics.mean(ms), statistics.mean(ps)
     return Trial(dict(params), (m + q) / 2, m, q)
 
@@ -234,104 +239,90 @@ def prepare(spec: TuneSpec, progress: Progress | None = None) -> Regime:
     return Regime(capacities, best)
 
 
-def _work(spec: TuneSpec, scheduler: str, storage: str, regime: Regime, trials: int,
-          worker: int, progress: Progress | None = None) -> None:  # fmt: skip
-    """One worker: `trials` trials of the shared study (its own sampler seed); `progress`
-    (in this process only) counts them."""
-    optuna = _optuna()
-    study = optuna.load_study(
-        study_name=spec.study_name(scheduler), storage=storage,
-        sampler=optuna.samplers.TPESampler(seed=worker),
-    )  # fmt: skip
-    grid = spec.grid(scheduler)
-    base = make_policy(scheduler).params
-
-    def objective(trial: Any) -> float:
-        raw = {n: trial.suggest_categorical(n, list(grid[n])) for n in grid}
-        params = strip_defaults(scheduler, canonical(scheduler, raw, base))
-        t = _score(spec, regime, scheduler, params)
-        trial.set_user_attr("mean_ratio", t.mean_ratio)
-        trial.set_user_attr("p99_ratio", t.p99_ratio)
-        trial.set_user_attr("params", params)
-        return t.objective
-
-    def count(study: Any, _: Any) -> None:
-        if progress is not None:
-            n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-            progress.update(scheduler, n)
-
-    study.optimize(objective, n_trials=trials, callbacks=[count])
-
-
 def tune_one(
-    spec: TuneSpec, scheduler: str, regime: Regime, progress: Progress | None = None
-) -> TuneResult:
-    """`scheduler`'s study, run up to its budget: min(trials, grid points) trials."""
+    spec: TuneSpec, scheduler: str, regime: Regime, ex: Executor,
+    progress: Progress | None = None,
+) -> TuneResult:  # fmt: skip
+    """`scheduler`'s study, run up to its budget: min(trials, grid points) distinct settings,
+    one trial after the other (TPE sees every result before it samples again), each trial's
+    cells on `ex`. A setting sampled again is told its known objective and not counted."""
     optuna = _optuna()
     progress = progress or Progress()
     storage = f"sqlite:///{(spec.out / STUDY_FILE).resolve()}"
     name, grid = spec.study_name(scheduler), spec.grid(scheduler)
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
                                 load_if_exists=True)  # fmt: skip
+    study.sampler = optuna.samplers.TPESampler(seed=len(study.trials))  # resumed: new draws
     base = make_policy(scheduler).params
     states = optuna.trial.TrialState
-    done = study.get_trials(deepcopy=False, states=(states.COMPLETE,))
-    waiting = study.get_trials(deepcopy=False, states=(states.WAITING,))
+    seen: dict[str, Trial] = {}  # a setting's first complete trial
+    for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,)):
+        seen.setdefault(key(canonical(scheduler, t.params, base)), _trial(t))
     n_points = size(scheduler, grid)
+    target = min(spec.trials, n_points)
+    queued = {key(canonical(scheduler, t.params, base))
+              for t in study.get_trials(deepcopy=False, states=(states.WAITING,))}  # fmt: skip
     if n_points <= spec.trials:  # enumerate the grid: each point once
-        every = points(scheduler, grid)
-        seen = {key(canonical(scheduler, t.params, base)) for t in done}
-        queued = {key(canonical(scheduler, t.params, base)) for t in waiting}
-        todo = [p for p in every if key(p) not in seen]
-        for p in todo:
-            if key(p) not in queued:
+        for p in points(scheduler, grid):
+            if key(p) not in seen and key(p) not in queued:
                 study.enqueue_trial(p)
-        left = len(todo)
-    else:
-        if not done and not waiting and all(base.get(k, object()) in v for k, v in grid.items()):
-            study.enqueue_trial({k: base[k] for k in grid})  # the defaults first
-        left = max(spec.trials - len(done), 0)
-    before = len(done)
-    progress.phase(scheduler, before + left)
-    progress.update(scheduler, before, "resumed" if before else "")
-    _optimise(spec, scheduler, storage, regime, left, before, study, progress)
+    elif not seen and not queued and all(base.get(k, object()) in v for k, v in grid.items()):
+        study.enqueue_trial({k: base[k] for k in grid})  # the defaults first
+    progress.phase(scheduler, target)
+    progress.update(scheduler, len(seen), "resumed" if seen else "")
+    rng = random.Random(len(study.trials))
+    repeats = 0
+    while len(seen) < target:
+        trial = study.ask()
+        raw = {n: trial.suggest_categorical(n, list(grid[n])) for n in grid}
+        k = key(canonical(scheduler, raw, base))
+        if k in seen:  # TPE sampled a setting again: its result is known
+            known = seen[k]
+            _tell(study, trial, known)
+            repeats += 1
+            if repeats >= MAX_REPEATS:  # TPE is stuck in a corner: try an unseen point
+                study.enqueue_trial(_unseen(scheduler, grid, set(seen), base, rng))
+                repeats = 0
+            continue
+        params = strip_defaults(scheduler, canonical(scheduler, raw, base))
+        seen[k] = _tell(study, trial, _score(spec, regime, ex, scheduler, params))
+        progress.update(scheduler, len(seen), json.dumps(params) if params else "defaults")
     progress.end(scheduler)
-    trials = [_trial(t) for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
+    trials = sorted(seen.values(), key=lambda t: t.number)
     default = next((t for t in trials if not t.params), None)
     if default is None:  # the grid cannot express the defaults: evaluate them apart
-        default = _score(spec, regime, scheduler, {})
+        default = _score(spec, regime, ex, scheduler, {})
     # the lowest objective; on a tie the defaults, then the earlier trial
-    best = min([default, *trials], key=lambda t: (t.objective, bool(t.params)))
+    best = min([default, *trials], key=lambda t: (t.objective, bool(t.params), t.number))
     return TuneResult(scheduler, best, default, trials, n_points, name, storage)
 
 
-def _optimise(
-    spec: TuneSpec, scheduler: str, storage: str, regime: Regime, left: int, before: int,
-    study: Any, progress: Progress,
-) -> None:  # fmt: skip
-    """`left` trials over `spec.jobs` workers (sampler seeds from `before`: a resumed study
-    does not repeat its samples), counting finished trials as they come."""
-    jobs = min(spec.jobs, left)
-    if jobs <= 1:
-        if left:
-            _work(spec, scheduler, storage, regime, left, before, progress)
-        return
-    shares = [left // jobs + (i < left % jobs) for i in range(jobs)]
-    complete = (_optuna().trial.TrialState.COMPLETE,)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        pending = {pool.submit(_work, spec, scheduler, storage, regime, n, before + i)
-                   for i, n in enumerate(shares)}  # fmt: skip
-        while pending:
-            finished, pending = wait(pending, timeout=5.0, return_when=FIRST_COMPLETED)
-            for f in finished:
-                f.result()
-            progress.update(scheduler, len(study.get_trials(deepcopy=False, states=complete)))
+#: Repeated samples in a row after which an unseen point is tried instead.
+MAX_REPEATS = 10
+
+
+def _tell(study: Any, trial: Any, t: Trial) -> Trial:
+    trial.set_user_attr("mean_ratio", t.mean_ratio)
+    trial.set_user_attr("p99_ratio", t.p99_ratio)
+    trial.set_user_attr("params", t.params)
+    study.tell(trial, t.objective)
+    return replace(t, number=trial.number)
+
+
+def _unseen(
+    scheduler: str, grid: Grid, seen: set[str], base: Mapping[str, Any], rng: random.Random
+) -> dict[str, Any]:
+    """A point of `grid` no trial has (there is one: fewer were tried than it has)."""
+    while True:
+        p = canonical(scheduler, {k: rng.choice(v) for k, v in grid.items()}, base)
+        if key(p) not in seen:
+            return p
 
 
 def _trial(t: Any) -> Trial:
     a = t.user_attrs
-    return Trial(dict(a["params"]), float(t.value), float(a["mean_ratio"]), float(a["p99_ratio"]))
+    return Trial(dict(a["params"]), float(t.value), float(a["mean_ratio"]),
+                 float(a["p99_ratio"]), t.number)  # fmt: skip
 
 
 def tune(
@@ -350,14 +341,18 @@ def tune(
         tuned = load_tuned(path).merged(tuned)  # the same budget, or a clear error
     regime = prepare(spec, progress)
     results = []
-    for scheduler in spec.schedulers:
-        result = tune_one(spec, scheduler, regime, progress)
-        results.append(result)
-        entry = result.entry(spec.grid(scheduler))
-        tuned = tuned.merged(TunedSet(tuned.budget, {scheduler: entry}))
-        write_tuned(path, tuned)
-        if on_result is not None:
-            on_result(result)
+    ex = make_executor("local", spec.jobs, None)
+    try:
+        for scheduler in spec.schedulers:
+            result = tune_one(spec, scheduler, regime, ex, progress)
+            results.append(result)
+            entry = result.entry(spec.grid(scheduler))
+            tuned = tuned.merged(TunedSet(tuned.budget, {scheduler: entry}))
+            write_tuned(path, tuned)
+            if on_result is not None:
+                on_result(result)
+    finally:
+        ex.close()
     return results, tuned
 
 
