@@ -133,7 +133,8 @@ def test_the_objective_averages_workloads_and_seeds_against_the_best_baseline(
     assert d.p99_ratio == pytest.approx(ratios["p99_jct_s"])
     assert d.objective == pytest.approx((d.mean_ratio + d.p99_ratio) / 2)
     # the cells run at the load of the best baseline's given saturation
-    rates = {m["identity"]["workload"]: m["identity"]["rate_per_s"] for m in cells(tmp_path, "topas")}
+    rates = {m["identity"]["workload"]: m["identity"]["rate_per_s"]
+             for m in cells(tmp_path, "topas")}  # fmt: skip
     assert rates == pytest.approx({w: 0.8 * c for w, c in CAPS.items()})
     assert tuned.entries["topas"].tuned == d.score
 
@@ -177,7 +178,7 @@ def test_a_tuned_file_round_trips_and_merges(tmp_path: Path) -> None:
     two = back.merged(TunedSet(budget(), {"lpm": entry("lpm", {}, {"fallback_above": (128,)})}))
     write_tuned(path, two)
     assert set(load_tuned(path).entries) == {"topas", "lpm"}
-    with pytest.raises(TopasError, match="another budget .*trials 30 -> 60"):
+    with pytest.raises(TopasError, match=r"another budget \(trials 30 -> 60\)"):
         two.merged(TunedSet(budget(trials=60), {}))
 
 
@@ -215,8 +216,8 @@ def test_an_ablation_takes_tuned_topas_params_it_accepts() -> None:
     assert tuned.is_tuned("topas-no-pins", topas) and not tuned.is_tuned("topas-no-pins", {})
     assert tuned.is_tuned("lpm", {}) and tuned.is_tuned("lpm", {"fallback_above": 128})
     assert not tuned.is_tuned("kvflow", {}) and tuned.params_for("kvflow") == {}
-    own = TunedSet(budget(), {"topas": entry("topas", topas, {}),
-                              "topas-no-pins": entry("topas-no-pins", {"rho": 2.0}, {})})  # fmt: skip
+    mine = entry("topas-no-pins", {"rho": 2.0}, {})
+    own = TunedSet(budget(), {"topas": entry("topas", topas, {}), "topas-no-pins": mine})
     assert own.params_for("topas-no-pins") == {"rho": 2.0}  # its own entry wins
     assert own.variants(["fcfs", "topas", "topas-no-joint"]) == {
         "topas": topas, "topas-no-joint": topas,
@@ -255,8 +256,8 @@ def test_a_sweep_with_tuned_adds_exactly_the_tuned_variants(tmp_path: Path) -> N
 def test_run_with_tuned_prints_both_rows(tmp_path: Path) -> None:
     path = tmp_path / "tuned.toml"
     write_tuned(path, TunedSet(budget(), {"lpm": entry("lpm", {"fallback_above": 64}, {})}))
-    res = runner.invoke(app, ["run", "-w", "chain3", "-s", "fcfs,lpm", "-n", "4", "--rate",
-                              "0.1", "--tuned", str(path), "--out", str(tmp_path / "r")])  # fmt: skip
+    args = ["run", "-w", "chain3", "-s", "fcfs,lpm", "-n", "4", "--rate", "0.1"]
+    res = runner.invoke(app, [*args, "--tuned", str(path), "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     assert "lpm[fallback_above=64]" in res.stdout
 
@@ -265,7 +266,7 @@ def test_run_with_tuned_prints_both_rows(tmp_path: Path) -> None:
 
 
 def test_tuning_and_evaluation_seeds_are_disjoint() -> None:
-    assert EVAL_SEEDS == tuple(range(10))
+    assert tuple(range(10)) == EVAL_SEEDS
     assert not set(TUNING_SEEDS) & set(EVAL_SEEDS)
     with pytest.raises(TopasError, match=r"tuning seeds \[9\] overlap the evaluation seeds 0-9"):
         TuneSpec(seeds=(9, 101))
@@ -274,7 +275,7 @@ def test_tuning_and_evaluation_seeds_are_disjoint() -> None:
 
     with pytest.raises(TopasError, match=r"seeds \[101\] are the tuning seeds of t.toml"):
         SweepSpec(workloads=("chain3",), schedulers=("lpm",), seeds=(0, 101), tuned=tuned)
-    with pytest.raises(TopasError, match="`scheduler_params` for 'lpm', which t.toml tunes"):
+    with pytest.raises(TopasError, match=r"`scheduler_params` for 'lpm', which t\.toml tunes"):
         SweepSpec(workloads=("chain3",), schedulers=("lpm",), tuned=tuned,
                   scheduler_params={"lpm": {"fallback_above": 32}})  # fmt: skip
 
