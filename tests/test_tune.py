@@ -316,3 +316,17 @@ def test_groups_keep_their_tunable_schedulers_and_grids_are_listed() -> None:
     assert res.exit_code == 0
     assert "kvflow (5 points): hold_steps=2,3,4,6,8" in res.stdout
     assert "topas (983,040 points):" in res.stdout
+
+
+def test_the_docs_list_every_grid() -> None:
+    """docs/topas.md's table of grids is `GRIDS` (TOPAS's variants are described apart)."""
+    from topas_bench.tune.grids import describe
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "topas.md").read_text()
+    rows = [line.split(" | ") for line in doc.splitlines() if line.startswith("| `")]
+    listed: dict[str, tuple[int, str]] = {}
+    for names, count, grid, _ in rows:
+        for name in names.strip("| ").split(", "):
+            listed[name.strip("`")] = (int(count.replace(",", "")), grid.strip("`"))
+    expected = {n: (size(n, g), describe(g)) for n, g in GRIDS.items() if n not in TOPAS_VARIANTS}
+    assert listed == expected

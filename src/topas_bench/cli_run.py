@@ -1,8 +1,8 @@
-"""`topas-bench run | sweep | tune`: the commands that run cells (registered by `register`;
-`tune` is `cli_tune`'s).
+"""`topas-bench run | sweep`: the commands that run cells (registered by `register`; `tune` is
+`cli_tune`'s).
 
-Each parses its flags into a validated specification (`spec.RunSpec`, `sweep.SweepSpec`,
-`tune.TuneSpec`), calls the library and prints; progress goes to stderr (`cli_progress`).
+Each parses its flags into a validated specification (`spec.RunSpec`, `sweep.SweepSpec`),
+calls the library and prints; progress goes to stderr (`cli_progress`).
 """
 
 from __future__ import annotations
@@ -38,13 +38,11 @@ from topas_bench.cli_options import (
     Tuned,
     Workload,
 )
-from topas_bench.cli_tune import tune
 from topas_bench.errors import TopasError
 
 
 def register(app: typer.Typer) -> None:
     app.command()(run)
-    app.command()(tune)
     app.command()(sweep)
 
 

@@ -1,5 +1,5 @@
 """`topas-bench tune`: parses its flags into a `tune.TuneSpec`, tunes, prints (registered by
-`cli_run.register`, beside `run` and `sweep`)."""
+`register`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from topas_bench.cli_common import check_out_dir, err, handles_errors, out, pars
 from topas_bench.errors import TopasError
 
 DEFAULT_WORKLOADS = "chain3,dag4,dag10-wide,metagpt-sop,metagpt-tl"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(tune)
 
 
 @handles_errors
@@ -54,8 +58,8 @@ def tune(
         list[str] | None,
         typer.Option(
             "--param",
-            help="Values for one parameter, [scheduler.]name=v1,v2,... (repeatable; replaces "
-            "that scheduler's grid; the name alone when one scheduler is tuned).",
+            help="Values for one parameter, scheduler.name=v1,v2,... (repeatable; replaces "
+            "that scheduler's grid; name=v1,v2,... when one scheduler is tuned).",
         ),
     ] = None,
     trials: Annotated[
@@ -115,8 +119,10 @@ def tune(
     def show(r: TuneResult) -> None:
         b, d = r.best, r.default
         found = " ".join(f"{k}={v}" for k, v in b.params.items()) or "the defaults"
-        out.print(f"{r.scheduler}: {found} ({len(r.trials)} trials, {r.grid_points:,} grid "
-                  "points)", markup=False)  # fmt: skip
+        walls = [t.wall_s for t in r.trials if t.wall_s > 0]
+        took = f"; {sum(walls) / len(walls):,.0f} s per trial run" if walls else ""
+        out.print(f"{r.scheduler}: {found} ({len(r.trials)} trials of {r.grid_points:,} grid "
+                  f"points{took})", markup=False)  # fmt: skip
         out.print(
             f"  objective {b.objective:.4f} (mean x{b.mean_ratio:.3f}, p99 x{b.p99_ratio:.3f} "
             f"of the best baseline); defaults {d.objective:.4f} (mean x{d.mean_ratio:.3f}, "

@@ -27,6 +27,7 @@ import hashlib
 import json
 import random
 import statistics
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -143,6 +144,7 @@ class Trial:
     mean_ratio: float
     p99_ratio: float
     number: int = -1  # the study's trial number (-1: not a trial of the study)
+    wall_s: float = 0.0  # what running its cells took (0: all were stored already)
 
     @property
     def score(self) -> Score:
@@ -210,13 +212,14 @@ def _score(
     spec: TuneSpec, regime: Regime, ex: Executor, scheduler: str, params: Mapping[str, Any]
 ) -> Trial:
     """`params` on every (workload, seed) sample, against the best default baselines."""
+    started = time.monotonic()
     jobs = [(spec, regime.capacities[w], w, seed, scheduler, dict(params))
             for w in spec.workloads for seed in spec.seeds]  # fmt: skip
     got = {(w, seed): (mean, p99) for w, seed, mean, p99 in ex.imap_unordered(_cell, jobs)}
     ms = [got[k][0] / regime.best[k][0] for k in sorted(got)]
     ps = [got[k][1] / regime.best[k][1] for k in sorted(got)]
     m, q = statistics.mean(ms), statistics.mean(ps)
-    return Trial(dict(params), (m + q) / 2, m, q)
+    return Trial(dict(params), (m + q) / 2, m, q, wall_s=time.monotonic() - started)
 
 
 def prepare(spec: TuneSpec, progress: Progress | None = None) -> Regime:
@@ -278,7 +281,7 @@ def tune_one(
         k = key(canonical(scheduler, raw, base))
         if k in seen:  # TPE sampled a setting again: its result is known
             known = seen[k]
-            _tell(study, trial, known)
+            _tell(study, trial, replace(known, wall_s=0.0))
             repeats += 1
             if repeats >= MAX_REPEATS:  # TPE is stuck in a corner: try an unseen point
                 study.enqueue_trial(_unseen(scheduler, grid, set(seen), base, rng))
@@ -305,6 +308,7 @@ def _tell(study: Any, trial: Any, t: Trial) -> Trial:
     trial.set_user_attr("mean_ratio", t.mean_ratio)
     trial.set_user_attr("p99_ratio", t.p99_ratio)
     trial.set_user_attr("params", t.params)
+    trial.set_user_attr("wall_s", t.wall_s)
     study.tell(trial, t.objective)
     return replace(t, number=trial.number)
 
@@ -322,7 +326,7 @@ def _unseen(
 def _trial(t: Any) -> Trial:
     a = t.user_attrs
     return Trial(dict(a["params"]), float(t.value), float(a["mean_ratio"]),
-                 float(a["p99_ratio"]), t.number)  # fmt: skip
+                 float(a["p99_ratio"]), t.number, float(a.get("wall_s", 0.0)))  # fmt: skip
 
 
 def tune(
