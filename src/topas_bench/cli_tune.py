@@ -119,8 +119,9 @@ def tune(
     def show(r: TuneResult) -> None:
         b, d = r.best, r.default
         found = " ".join(f"{k}={v}" for k, v in b.params.items()) or "the defaults"
-        walls = [t.wall_s for t in r.trials if t.wall_s > 0]
-        took = f"; {sum(walls) / len(walls):,.0f} s per trial run" if walls else ""
+        ran = [t for t in r.trials if t.wall_s > 0]
+        took = (f"; a trial run: {sum(t.wall_s for t in ran) / len(ran):,.0f} s wall, "
+                f"{sum(t.cpu_s for t in ran) / len(ran):,.0f} s CPU" if ran else "")  # fmt: skip
         out.print(f"{r.scheduler}: {found} ({len(r.trials)} trials of {r.grid_points:,} grid "
                   f"points{took})", markup=False)  # fmt: skip
         out.print(

@@ -145,6 +145,7 @@ class Trial:
     p99_ratio: float
     number: int = -1  # the study's trial number (-1: not a trial of the study)
     wall_s: float = 0.0  # what running its cells took (0: all were stored already)
+    cpu_s: float = 0.0  # the CPU time its cells took, summed over the processes
 
     @property
     def score(self) -> Score:
@@ -200,12 +201,13 @@ def _run(spec: TuneSpec, workload: str, seed: int, schedulers: tuple[str, ...],
 CellJob = tuple[TuneSpec, float, str, int, str, Mapping[str, Any]]
 
 
-def _cell(job: CellJob) -> tuple[str, int, float, float]:
-    """One cell's (workload, seed, mean JCT, p99 JCT); a worker's entry point."""
+def _cell(job: CellJob) -> tuple[str, int, float, float, float]:
+    """One cell's (workload, seed, mean JCT, p99 JCT, CPU seconds); a worker's entry point."""
     spec, capacity, workload, seed, scheduler, params = job
+    started = time.process_time()
     run = _run(spec, workload, seed, (scheduler,), {scheduler: params} if params else {})
     s = run_cells(plan_run(run, capacity_tps=capacity), [scheduler])[0].summary
-    return workload, seed, s["mean_jct_s"], s["p99_jct_s"]
+    return workload, seed, s["mean_jct_s"], s["p99_jct_s"], time.process_time() - started
 
 
 def _score(
@@ -215,11 +217,15 @@ def _score(
     started = time.monotonic()
     jobs = [(spec, regime.capacities[w], w, seed, scheduler, dict(params))
             for w in spec.workloads for seed in spec.seeds]  # fmt: skip
-    got = {(w, seed): (mean, p99) for w, seed, mean, p99 in ex.imap_unordered(_cell, jobs)}
+    got: dict[tuple[str, int], tuple[float, float]] = {}
+    cpu = 0.0
+    for w, seed, mean, p99, cpu_s in ex.imap_unordered(_cell, jobs):
+        got[(w, seed)] = (mean, p99)
+        cpu += cpu_s
     ms = [got[k][0] / regime.best[k][0] for k in sorted(got)]
     ps = [got[k][1] / regime.best[k][1] for k in sorted(got)]
     m, q = statistics.mean(ms), statistics.mean(ps)
-    return Trial(dict(params), (m + q) / 2, m, q, wall_s=time.monotonic() - started)
+    return Trial(dict(params), (m + q) / 2, m, q, wall_s=time.monotonic() - started, cpu_s=cpu)
 
 
 def prepare(spec: TuneSpec, progress: Progress | None = None) -> Regime:
@@ -281,7 +287,7 @@ def tune_one(
         k = key(canonical(scheduler, raw, base))
         if k in seen:  # TPE sampled a setting again: its result is known
             known = seen[k]
-            _tell(study, trial, replace(known, wall_s=0.0))
+            _tell(study, trial, replace(known, wall_s=0.0, cpu_s=0.0))
             repeats += 1
             if repeats >= MAX_REPEATS:  # TPE is stuck in a corner: try an unseen point
                 study.enqueue_trial(_unseen(scheduler, grid, set(seen), base, rng))
@@ -309,6 +315,7 @@ def _tell(study: Any, trial: Any, t: Trial) -> Trial:
     trial.set_user_attr("p99_ratio", t.p99_ratio)
     trial.set_user_attr("params", t.params)
     trial.set_user_attr("wall_s", t.wall_s)
+    trial.set_user_attr("cpu_s", t.cpu_s)
     study.tell(trial, t.objective)
     return replace(t, number=trial.number)
 
@@ -326,7 +333,8 @@ def _unseen(
 def _trial(t: Any) -> Trial:
     a = t.user_attrs
     return Trial(dict(a["params"]), float(t.value), float(a["mean_ratio"]),
-                 float(a["p99_ratio"]), t.number, float(a.get("wall_s", 0.0)))  # fmt: skip
+                 float(a["p99_ratio"]), t.number, float(a.get("wall_s", 0.0)),
+                 float(a.get("cpu_s", 0.0)))  # fmt: skip
 
 
 def tune(
