@@ -101,7 +101,7 @@ def tune(
     from topas_bench.tune import plots as draw_plots
     from topas_bench.tune import tune as run_tune
     from topas_bench.tune.grids import describe, size
-    from topas_bench.tune.search import TuneResult
+    from topas_bench.tune.spec import TuneResult
 
     if grids:
         for name, grid in GRIDS.items():

@@ -1,9 +1,10 @@
-"""Tuning: every tunable scheduler searched with one budget (`search`), over the grids declared
-in `grids`; the results go to a tuned file (`topas_bench.tuned`), which sweeps run beside the
-defaults. docs/topas.md, "Tuning every scheduler"."""
+"""Tuning: every tunable scheduler searched with one budget (`search`, as `spec` defines it),
+over the grids declared in `grids`; the results go to a tuned file (`topas_bench.tuned`),
+which sweeps run beside the defaults. docs/topas.md, "Tuning every scheduler"."""
 
 from topas_bench.tune.grids import GRIDS, TOPAS_GRID, grid_for, tunable
-from topas_bench.tune.search import (
+from topas_bench.tune.search import plots, tune
+from topas_bench.tune.spec import (
     EVAL_SEEDS,
     PAPER_WORKLOADS,
     STUDY_FILE,
@@ -12,8 +13,6 @@ from topas_bench.tune.search import (
     Trial,
     TuneResult,
     TuneSpec,
-    plots,
-    tune,
 )
 from topas_bench.tuned import TunedSet, load_tuned
 
