@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from topas_bench import cli_analysis, cli_fidelity, cli_run, cli_site
+from topas_bench import cli_analysis, cli_fidelity, cli_run, cli_site, cli_tune
 from topas_bench.cli_common import (
     check_writable_file,
     handles_errors,
@@ -235,6 +235,7 @@ def presets_show(
 # run, tune, sweep; report, figures, compare; fidelity; site; serve, calibrate: in their own
 # modules.
 cli_run.register(app)
+cli_tune.register(app)
 cli_analysis.register(app)
 cli_fidelity.register(app)
 cli_site.register(app)

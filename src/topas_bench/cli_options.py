@@ -6,6 +6,7 @@ where their help has always said it differently, so that every command's help re
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -65,6 +66,14 @@ WorkloadParams = Annotated[
 SchedulerParams = Annotated[
     list[str] | None,
     typer.Option("--scheduler-param", help="Scheduler parameter, name.key=value (repeatable)."),
+]
+Tuned = Annotated[
+    Path | None,
+    typer.Option(
+        "--tuned",
+        help="A tuned file (`tune`'s OUT/tuned.toml): each scheduler's tuned setting also runs, "
+        "beside its default, as name[k=v,...].",
+    ),
 ]
 AllowLarge = Annotated[
     bool,

@@ -1,12 +1,14 @@
-"""`topas-bench run | sweep | tune`: the commands that run cells (registered by `register`).
+"""`topas-bench run | sweep`: the commands that run cells (registered by `register`; `tune` is
+`cli_tune`'s).
 
-Each parses its flags into a validated specification (`spec.RunSpec`, `sweep.SweepSpec`,
-`tune.TuneSpec`), calls the library and prints; progress goes to stderr (`cli_progress`).
+Each parses its flags into a validated specification (`spec.RunSpec`, `sweep.SweepSpec`),
+calls the library and prints; progress goes to stderr (`cli_progress`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,6 +35,7 @@ from topas_bench.cli_options import (
     Schedulers,
     Seed,
     Tasks,
+    Tuned,
     Workload,
 )
 from topas_bench.errors import TopasError
@@ -40,7 +43,6 @@ from topas_bench.errors import TopasError
 
 def register(app: typer.Typer) -> None:
     app.command()(run)
-    app.command()(tune)
     app.command()(sweep)
 
 
@@ -108,6 +110,7 @@ def run(
         list[str] | None,
         typer.Option("--router-param", help="Router parameter, key=value (repeatable)."),
     ] = None,
+    tuned: Tuned = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs"),
     force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
     allow_large: AllowLarge = False,
@@ -127,6 +130,7 @@ def run(
       topas-bench run -w metagpt-tl -s fcfs,topas --engine sglang-cpu -n 50
       topas-bench run -w metagpt-tl -s fcfs,topas --replicas 4 --router cache-aware -n 400
       topas-bench run -w dag4 -s fcfs,topas --engine sglang --model /models/Qwen2.5-32B-Instruct
+      topas-bench run -w dag4 -s paper --load 0.8 --tuned runs/tune/tuned.toml
     """
     from topas_bench.analysis.console import print_plan, print_run_table
     from topas_bench.cli_progress import RunBars
@@ -150,13 +154,44 @@ def run(
         ),
         engine=options, out=check_out_dir(out_dir),
     )  # fmt: skip
+    variants = _tuned_variants(tuned, spec.schedulers, (spec.seed,), spec.scheduler_params)
     with RunBars(err) as bars:
         plan = plan_run(spec, check_size=True, allow_large=allow_large, progress=bars)
         print_plan(out, plan)
         if warning := default_rate_warning(plan, rate_given=rate is not None):
             err.print(warning, markup=False)
         results = run_plan(plan, force=force, progress=bars)
+        if variants:  # the same sample, each tuned variant beside its default
+            from dataclasses import replace
+
+            from rich.markup import escape
+
+            from topas_bench.analysis.collect import scheduler_label
+
+            again = replace(plan, schedulers=tuple(variants), scheduler_params=variants)
+            for c in run_plan(again, force=force, progress=bars):  # rows named name[k=v,...]
+                label = escape(scheduler_label(c.scheduler, variants[c.scheduler]))
+                results.append(replace(c, scheduler=label))
     print_run_table(out, plan, results)
+
+
+def _tuned_variants(
+    path: Path | None, schedulers: tuple[str, ...], seeds: tuple[int, ...],
+    given: Mapping[str, Any],
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """`--tuned`'s settings for `schedulers` that are not their defaults (none without it)."""
+    if path is None:
+        return {}
+    from topas_bench.tuned import load_tuned
+
+    tuned = load_tuned(path)
+    tuned.check_seeds(seeds, "--seed")
+    variants = tuned.variants(schedulers)
+    both = sorted(set(variants) & set(given))
+    if both:
+        raise TopasError(f"--scheduler-param for {both[0]!r}, which {path} tunes: give one or "
+                         "the other")  # fmt: skip
+    return variants
 
 
 def _listed(text: str | None, flag: str, kind: type[int] | type[float]) -> list[Any] | None:
@@ -254,6 +289,14 @@ def sweep(
     compact: Annotated[
         bool, typer.Option(help="Store tables losslessly smaller (zstd), e.g. to commit them.")
     ] = False,
+    tuned: Annotated[
+        Path | None,
+        typer.Option(
+            "--tuned",
+            help="A tuned file (`tune`'s OUT/tuned.toml): each scheduler's tuned setting runs "
+            "beside its default, on the same samples.",
+        ),
+    ] = None,
     allow_large: AllowLarge = False,
 ) -> None:
     """Run schedulers x workloads x loads (or rates) x seeds x presets x KV budgets (x replicas
@@ -269,6 +312,7 @@ def sweep(
       topas-bench sweep -c sweep.toml --executor ray --address 127.0.0.1:6379
       topas-bench sweep -w metagpt-tl -s fcfs,topas --replicas 1,2,4 --router cache-aware -n 100
       topas-bench sweep -c results/regime-map.toml --out runs/regime-map
+      topas-bench sweep -c results/paper-regime.toml --tuned runs/tune/tuned.toml --out runs/t
     """
     from topas_bench.cli_progress import SweepBars
     from topas_bench.sweep import load_specs, read_toml, run_sweep
@@ -292,8 +336,10 @@ def sweep(
         "scheduler_params": parse_scheduler_params(scheduler_param or []) or None,
         "replicas": _listed(replicas, "--replicas", int),
         "routers": router.split(",") if router else None,
+        "tuned": str(tuned) if tuned else None,
     }
-    specs = load_specs(read_toml(config) if config else {}, flags, source)
+    doc = read_toml(config) if config else {}
+    specs = load_specs(doc, flags, source, base=config.parent if config else None)
     outs = {o for _, o in specs if o is not None}
     if len(outs) > 1:
         raise TopasError(f"{source}: the sweeps name different `out` directories")
@@ -333,93 +379,3 @@ def _budgets(text: str) -> list[Any]:
 
     parts = [p.strip() for p in text.split(",")]
     return ["derived" if p == "derived" else parse_list(p, "--kv-budget", int)[0] for p in parts]
-
-
-@handles_errors
-def tune(
-    workload: Annotated[str, typer.Option("--workload", "-w", help="Workload to tune on.")],
-    scheduler: Annotated[str, typer.Option("--scheduler", "-s", help="A TOPAS variant.")] = "topas",
-    tasks: Annotated[int, typer.Option("--tasks", "-n", help="Tasks per tuning run.")] = 150,
-    seeds: Annotated[
-        str, typer.Option(help="Tuning seeds (disjoint from evaluation seeds 0-4).")
-    ] = "101,102,103",
-    load: Annotated[float | None, typer.Option(help="Load as a fraction of capacity.")] = None,
-    rate: Annotated[
-        float | None, typer.Option(help="Arrival rate, tasks/s (default: the workload's).")
-    ] = None,
-    preset: Annotated[
-        str, typer.Option(help="Preset: a name or a preset .toml file.")
-    ] = "a100-qwen32b",
-    kv_budget: Annotated[
-        int | None, typer.Option("--kv-budget", help="KV budget in tokens.")
-    ] = None,
-    param: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--param",
-            help="Choices for one parameter, name=v1,v2,... (repeatable; replaces the default "
-            "search space).",
-        ),
-    ] = None,
-    trials: Annotated[int, typer.Option(help="Trials to add to the study.")] = 30,
-    jobs: Annotated[int, typer.Option(help="Worker processes sharing the study.")] = 2,
-    plots: Annotated[
-        bool, typer.Option(help="Draw Optuna's history and importances into OUT/plots.")
-    ] = False,
-    out_dir: Annotated[
-        Path, typer.Option("--out", help="Where the study (tune.db) and its runs are kept.")
-    ] = Path("runs/tune"),
-) -> None:
-    """Search TOPAS's parameters with Optuna on tuning seeds; print the best setting and what
-    it moved.
-
-    The objective is the mean of (mean JCT, p99 JCT), each relative to the best baseline on the
-    same sample, averaged over the tuning seeds. The study lives in OUT/tune.db (SQLite): the
-    same command again resumes it and adds --trials trials; --jobs workers share it.
-
-    Examples:
-      topas-bench tune --workload metagpt-tl --trials 60 --jobs 2 --plots
-      topas-bench tune -w dag4 --param beta=0,0.5,1 --param preempt_margin_s=5,20 --trials 6
-    """
-    from topas_bench.tune import DEFAULT_GRID, TuneSpec
-    from topas_bench.tune import plots as draw_plots
-    from topas_bench.tune import tune as run_tune
-
-    grid: dict[str, tuple[Any, ...]] = dict(DEFAULT_GRID)
-    if param:
-        grid = {}
-        for item in param:
-            name, sep, values = item.partition("=")
-            if not sep or not name.strip() or not values.strip():
-                raise TopasError(f"--param expects name=v1,v2,..., got {item!r}")
-            grid[name.strip()] = tuple(
-                parse_assignments([f"v={v}"], "--param")["v"] for v in values.split(",")
-            )
-    try:
-        seed_list = tuple(int(x) for x in seeds.split(","))
-    except ValueError:
-        raise TopasError(f"--seeds expects comma-separated integers, got {seeds!r}") from None
-    spec = TuneSpec(
-        workload=workload, scheduler=scheduler, num_tasks=tasks, seeds=seed_list, load=load,
-        rate_per_s=rate, preset=preset, kv_budget_tokens=kv_budget, grid=grid, trials=trials,
-        jobs=jobs, out=check_out_dir(out_dir),
-    )  # fmt: skip
-    result = run_tune(spec, progress=lambda msg: err.print(msg, markup=False))
-    b, d = result.best, result.default
-    settings = " ".join(f"--scheduler-param {scheduler}.{k}={v}" for k, v in b.params.items())
-    out.print(f"best setting on {workload} (seeds {seeds}): {settings or 'the defaults'}")
-    out.print(
-        f"  vs best baseline: mean x{b.mean_ratio:.3f}, p99 x{b.p99_ratio:.3f} "
-        f"(defaults: mean x{d.mean_ratio:.3f}, p99 x{d.p99_ratio:.3f})"
-    )
-    out.print(
-        f"  vs defaults: mean {100 * (b.mean_ratio / d.mean_ratio - 1):+.1f}%, "
-        f"p99 {100 * (b.p99_ratio / d.p99_ratio - 1):+.1f}%"
-    )
-    out.print(
-        f"  study {result.study}: {len(result.trials)} trials in {out_dir / 'tune.db'}",
-        markup=False,
-    )
-    if plots:
-        files = draw_plots(result, out_dir / "plots")
-        out.print(f"  plots: {', '.join(str(f) for f in files)}", markup=False)

@@ -23,7 +23,7 @@ import json
 import os
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -176,21 +176,22 @@ def run_sweep(
         plans = _plans([run for _, run in runs], caps)
         result = SweepResult(out)
         todo: list[CellJob] = []
-        traces: dict[int, tuple[str, str]] = {}  # one trace text per group plan
+        traces: dict[int, tuple[str, str]] = {}  # one trace text per workload sample
         for plan, scheduler in plans:
             result.cells += 1
-            if id(plan) not in traces:
+            sample = id(plan.workload)
+            if sample not in traces:
                 trace = dumps_workload(plan.workload)
-                traces[id(plan)] = (trace, trace_digest(trace))
+                traces[sample] = (trace, trace_digest(trace))
             run_dir = plan.identity(scheduler).run_dir(out)
             if not force:
-                problem = check_cell(run_dir, traces[id(plan)][1])
+                problem = check_cell(run_dir, traces[sample][1])
                 if problem is None:
                     result.skipped += 1
                     continue
                 if is_finished(run_dir):
                     result.redone.append((run_dir, problem))
-            todo.append(_job(plan, scheduler, force, compact, *traces[id(plan)]))
+            todo.append(_job(plan, scheduler, force, compact, *traces[sample]))
         progress.phase("cells", len(todo))
         for outcome in ex.imap_unordered(run_cell_job, todo):
             result.ran.append(outcome)
@@ -243,7 +244,7 @@ def _check_size(
         probes: dict[tuple[CapacityKey, tuple[str, ...]], Probe] = {}
         sized = []
         for (spec, run), size in zip(runs, sizes, strict=True):
-            cap = _reference(run, caps) if run.load is not None else None
+            cap = reference_capacity(run, caps) if run.load is not None else None
             rate = run.load * cap if run.load is not None and cap is not None else run.rate_per_s
             if rate is not None and run.load is None and run.cluster is not None:
                 rate /= run.replicas  # probed on one server, at its share of a cluster's rate
@@ -275,7 +276,7 @@ def _cap_key(run: RunSpec, scheduler: str) -> CapacityKey:
     return (run.workload, params, load_preset(run.preset).name, _budget(run), scheduler)
 
 
-def _reference(run: RunSpec, caps: Mapping[CapacityKey, float]) -> float:
+def reference_capacity(run: RunSpec, caps: Mapping[CapacityKey, float]) -> float:
     """The rate a load of `run` is a fraction of: its reference schedulers' best saturation."""
     return reference_rate({s: caps[_cap_key(run, s)] for s in run.load_reference})[1]
 
@@ -284,7 +285,7 @@ def _capacities(
     runs: Sequence[RunSpec], out: Path, ex: Executor, force: bool, progress: Progress
 ) -> dict[CapacityKey, float]:
     path = out / CAPACITY_FILE
-    known = {} if force else _read_capacities(path)
+    known = {} if force else read_capacities(path)
     presets: dict[CapacityKey, Preset] = {
         _cap_key(run, s): load_preset(run.preset)
         for run in runs
@@ -307,7 +308,7 @@ def _capacities(
     return known
 
 
-def _read_capacities(path: Path) -> dict[CapacityKey, float]:
+def read_capacities(path: Path) -> dict[CapacityKey, float]:
     if not path.is_file():
         return {}
     try:
@@ -336,11 +337,20 @@ def _write_capacities(path: Path, caps: Mapping[CapacityKey, float]) -> None:
 
 
 def _plans(runs: Sequence[RunSpec], caps: Mapping[CapacityKey, float]) -> list[tuple[RunPlan, str]]:
-    """Every cell as (its group's plan, scheduler), each distinct run directory once."""
+    """Every cell as (its group's plan, scheduler), each distinct run directory once. Runs of
+    one group that differ only in their schedulers and parameters (a sweep's tuned variants,
+    `SweepSpec.runs`) share one plan's workload sample."""
     cells: dict[Path, tuple[RunPlan, str]] = {}
+    sampled: dict[tuple[tuple[str, str], ...], RunPlan] = {}
     for run in runs:
-        cap = _reference(run, caps) if run.load is not None else None
-        plan = plan_run(run, capacity_tps=cap)
+        group = tuple((f.name, repr(getattr(run, f.name))) for f in fields(run)
+                      if f.name not in ("schedulers", "scheduler_params"))  # fmt: skip
+        if group in sampled:
+            plan = replace(sampled[group], schedulers=run.schedulers,
+                           scheduler_params=run.scheduler_params)  # fmt: skip
+        else:
+            cap = reference_capacity(run, caps) if run.load is not None else None
+            plan = sampled[group] = plan_run(run, capacity_tps=cap)
         for s in plan.schedulers:
             cells.setdefault(plan.identity(s).run_dir(run.out), (plan, s))
     return list(cells.values())

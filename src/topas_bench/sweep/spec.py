@@ -40,6 +40,13 @@ set, numbers or "one-agent"; m -> ceil(m x W) + C tokens, `units.WorkingSet`), `
 `load_reference` (the schedulers, names or groups, whose best saturation rate a load is a
 fraction of; default FCFS, the measured capacity; needs `loads`).
 
+Tuned settings (`tune`, docs/topas.md "Tuning every scheduler"): `tuned` names a tuned file
+(`OUT/tuned.toml` of `topas-bench tune`; a relative path is read from the sweep file's
+directory). Every group then also runs each of its schedulers whose tuned setting is not its
+default (`TunedSet.params_for`; a TOPAS ablation inherits TOPAS's), with that setting, beside
+the default one: on the same workload sample, as `name[k=v,...]` in reports. Evaluation seeds
+must not be the file's tuning seeds, and a scheduler it tunes takes no `scheduler_params`.
+
 Clusters (docs/cluster.md): `replicas` (replica counts; absent = one server, no router) and
 `routers` (router names, default sglang-router's `cache-aware`; needs `replicas`) are two more
 dimensions, `router_params` their parameters (tables keyed by router name). A load, and the
@@ -52,7 +59,7 @@ from __future__ import annotations
 import itertools
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +68,14 @@ from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.sim.config import LengthHint, SimOptions
 from topas_bench.spec import DEFAULT_LOAD_REFERENCE, DEFAULT_PRESET, RunSpec, parse_schedulers
 from topas_bench.sweep.units import ONE_AGENT, Multiple, check_multiple, working_set
+from topas_bench.tuned import TunedSet, load_tuned
 from topas_bench.workloads.registry import OUTPUT_SCALE, run_defaults
 
 KEYS = (
     "workloads", "schedulers", "seeds", "loads", "rates", "presets", "kv_budgets", "tasks",
     "length_hint", "host_tier_tokens", "workload_params", "scheduler_params", "out",
     "replicas", "routers", "router_params", "tasks_per_replica", "kv_budget_multiples",
-    "output_scales", "load_reference",
+    "output_scales", "load_reference", "tuned",
 )  # fmt: skip
 
 
@@ -92,6 +100,8 @@ class SweepSpec:
     kv_budget_multiples: tuple[Multiple, ...] = ()
     output_scales: tuple[float, ...] = (1.0,)
     load_reference: tuple[str, ...] = DEFAULT_LOAD_REFERENCE
+    #: A tuned file's settings, run beside the defaults (module docstring); None: none.
+    tuned: TunedSet | None = None
 
     def __post_init__(self) -> None:
         for name in ("workloads", "schedulers", "seeds", "presets", "kv_budgets", "output_scales",
@@ -149,11 +159,21 @@ class SweepSpec:
             extra = sorted(set(getattr(self, key)) - set(names))
             if extra:
                 raise TopasError(f"sweep: `{key}` for {extra[0]!r}, which is not in this sweep")
+        if self.tuned is not None:
+            self.tuned.check_seeds(self.seeds, "sweep")
+            both = sorted(set(self.tuned.variants(self.schedulers)) & set(self.scheduler_params))
+            if both:
+                raise TopasError(
+                    f"sweep: `scheduler_params` for {both[0]!r}, which {self.tuned.source} "
+                    "tunes: give one or the other"
+                )
 
     def runs(self, out: Path) -> list[RunSpec]:
         """Every group of the sweep (workload x output scale x preset x budget x load or rate x
         cluster x seed, in that nesting) as the run of all its schedulers on one workload
-        sample. A group's tasks: `tasks` (or the workload's default), times the replicas with
+        sample, followed, with `tuned`, by the run of the group's tuned variants (the same
+        group but for its schedulers and their parameters: `run_sweep` plans it on the same
+        sample). A group's tasks: `tasks` (or the workload's default), times the replicas with
         `tasks_per_replica` (the default is read from a trace file). Budget multiples become
         tokens per workload and output scale (`units.working_set`, which samples the
         workload)."""
@@ -179,6 +199,7 @@ class SweepSpec:
             ws = working_set(workload, params)
             return list(dict.fromkeys(ws.budget_tokens(m) for m in self.kv_budget_multiples))
 
+        variants = self.tuned.variants(self.schedulers) if self.tuned is not None else {}
         runs = []
         for w, x in itertools.product(self.workloads, self.output_scales):
             params = dict(self.workload_params.get(w, {}))
@@ -194,6 +215,9 @@ class SweepSpec:
                     scheduler_params=self.scheduler_params, cluster=c, engine=engine, out=out,
                 )  # fmt: skip
                 runs.append(run)
+                if variants:
+                    runs.append(replace(run, schedulers=tuple(variants),
+                                        scheduler_params=variants))  # fmt: skip
         return runs
 
     def cluster_routers(self) -> tuple[str, ...]:
@@ -216,16 +240,18 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def load_specs(
-    doc: Mapping[str, Any], flags: Mapping[str, Any], source: str
+    doc: Mapping[str, Any], flags: Mapping[str, Any], source: str, base: Path | None = None
 ) -> list[tuple[SweepSpec, Any]]:
     """The sweeps of a parsed TOML document, flags overriding it; each with its `out` or None.
+    `base`: the document's directory, which its relative `tuned` paths are read from (a
+    flag's are the working directory's).
 
     Flags that were given (not None) override the file's top-level keys and every `[[sweep]]`
     entry; a `loads` flag replaces the file's `rates` and vice versa (`rates` drop its
     `load_reference` too), `kv_budgets` its `kv_budget_multiples` and vice versa, and a
     `workloads` flag drops the file's `workload_params` of workloads it leaves out."""
     given = {k: v for k, v in flags.items() if v is not None}
-    base = {k: v for k, v in doc.items() if k != "sweep"}
+    top = _located({k: v for k, v in doc.items() if k != "sweep"}, base)
     entries = doc.get("sweep", [{}])
     if (
         not isinstance(entries, list)
@@ -234,8 +260,9 @@ def load_specs(
     ):
         raise TopasError(f"{source}: `sweep` must be an array of tables ([[sweep]])")
     specs = []
+    tuned: dict[str, TunedSet] = {}  # each file read once
     for entry in entries:
-        merged = base | entry
+        merged = top | _located(entry, base)
         for a, b in (("loads", "rates"), ("rates", "loads"), ("kv_budgets", "kv_budget_multiples"),
                      ("kv_budget_multiples", "kv_budgets")):  # fmt: skip
             if a in given:
@@ -247,11 +274,22 @@ def load_specs(
             names = given["workloads"]
             kept = set(names) if isinstance(names, list | tuple) else {names}
             merged["workload_params"] = {k: v for k, v in params.items() if k in kept}
-        specs.append(_spec(merged | given, source))
+        specs.append(_spec(merged | given, source, tuned))
     return specs
 
 
-def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
+def _located(table: Mapping[str, Any], base: Path | None) -> dict[str, Any]:
+    """`table` with a relative `tuned` path made relative to `base` (the file's directory)."""
+    out = dict(table)
+    path = out.get("tuned")
+    if base is not None and isinstance(path, str) and not Path(path).is_absolute():
+        out["tuned"] = str(base / path)
+    return out
+
+
+def _spec(
+    raw: Mapping[str, Any], source: str, tuned: dict[str, TunedSet] | None = None
+) -> tuple[SweepSpec, Any]:
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
         raise TopasError(f"{source}: unknown key {unknown[0]!r}; known: {', '.join(KEYS)}")
@@ -272,6 +310,11 @@ def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
           raw.get("kv_budgets", ["derived"]), (int, str))]  # fmt: skip
     if any(isinstance(b, str) for b in kv):
         raise TopasError(f"{source}: `kv_budgets` takes token counts or 'derived'")
+    tuned_set = None
+    if "tuned" in raw:
+        path = _scalar(source, "tuned", raw["tuned"], str)
+        cache = {} if tuned is None else tuned
+        tuned_set = cache[path] = cache.get(path) or load_tuned(path)
     hint = raw.get("length_hint", "none")
     if hint not in ("none", "oracle"):
         raise TopasError(f"{source}: `length_hint` must be 'none' or 'oracle', got {hint!r}")
@@ -297,6 +340,7 @@ def _spec(raw: Mapping[str, Any], source: str) -> tuple[SweepSpec, Any]:
         kv_budget_multiples=tuple(m if isinstance(m, str) else float(m) for m in multiples),
         output_scales=tuple(float(x) for x in scales),
         load_reference=reference,
+        tuned=tuned_set,
     )
     out = raw.get("out")
     if out is not None and not isinstance(out, str):
