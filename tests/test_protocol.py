@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,10 @@ class FakeTuned:
             return dict(self.params.get("topas", {}))
         return {}
 
+    def is_tuned(self, name: str, params: Mapping[str, Any]) -> bool:
+        covered = name in self.params or (name.startswith("topas-") and "topas" in self.params)
+        return covered and dict(params) == self.params_for(name)
+
 
 def _runs(spec: dict[tuple[str, str], list[float]], workload: str = "dag4") -> pd.DataFrame:
     """Per (name, params JSON): per-seed mean JCT (p99 = 1.5 x mean)."""
@@ -145,6 +150,9 @@ def test_representatives_prefer_the_tuned_variant_and_keep_defaults_visible() ->
     assert lev.iloc[0]["margin"] == pytest.approx(1 - 0.9 / 0.92)
     tun = tuning_table(runs, tuned)
     assert set(tun["other_name"]) == {"topas", "lpm-aging", "topas-no-pins"}
+    # a scheduler whose tuning kept its defaults: its default run is its tuned form
+    kept = FakeTuned({"fcfs": {}})
+    assert with_variants(runs, kept).set_index("scheduler")["variant"]["fcfs"].iloc[0] == "tuned"
     aging = tun[(tun["other_name"] == "lpm-aging") & (tun["metric"] == "mean")].iloc[0]
     assert aging["margin"] == pytest.approx(1 - 1.0 / 1.2) and aging["verdict"] == "win"
 

@@ -253,6 +253,25 @@ def test_a_sweep_with_tuned_adds_exactly_the_tuned_variants(tmp_path: Path) -> N
     assert "8 cells: 0 ran, 8 already finished" in again.stdout  # nothing runs twice
 
 
+def test_tuned_only_runs_each_scheduler_once_in_its_tuned_form(tmp_path: Path) -> None:
+    from topas_bench.analysis.collect import collect
+
+    tuned = TunedSet(budget(), {"lpm": entry("lpm", {"fallback_above": 64}, {}),
+                                "kvflow": entry("kvflow", {}, {})})  # fmt: skip
+    write_tuned(tmp_path / "tuned.toml", tuned)
+    out = tmp_path / "runs"
+    given_capacities(out)
+    args = ["sweep", "-w", "chain3", "-s", "fcfs,lpm,kvflow", "--load", "0.8",
+            "--load-reference", "baselines", "--seeds", "0", "-n", "5", "--out", str(out),
+            "-j", "1", "--tuned", str(tmp_path / "tuned.toml"), "--tuned-only"]  # fmt: skip
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "3 cells: 3 ran" in res.stdout  # lpm tuned instead of default; kvflow kept its own
+    assert set(collect(out).runs["scheduler"]) == {"fcfs", "kvflow", "lpm[fallback_above=64]"}
+    bad = runner.invoke(app, [*args[:-3], "--tuned-only"])
+    assert bad.exit_code == 2 and "`tuned_only` needs `tuned`" in bad.output
+
+
 def test_run_with_tuned_prints_both_rows(tmp_path: Path) -> None:
     path = tmp_path / "tuned.toml"
     write_tuned(path, TunedSet(budget(), {"lpm": entry("lpm", {"fallback_above": 64}, {})}))

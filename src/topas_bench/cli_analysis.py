@@ -60,11 +60,17 @@ def _collect(results: Path, slo: str, skip_bad: bool, allow_mixed: bool) -> Any:
     return coll
 
 
-def _load(results: Path, slo: str = "2x", skip_bad: bool = False, allow_mixed: bool = False) -> Any:
+def _load(
+    results: Path, slo: str = "2x", skip_bad: bool = False, allow_mixed: bool = False,
+    focus: str = "topas", tuned: Path | None = None,
+) -> Any:  # fmt: skip
     from topas_bench.analysis.report import build_report
+    from topas_bench.schedulers.registry import SCHEDULERS
+    from topas_bench.tuned import load_tuned
 
+    SCHEDULERS.get(focus)  # an unknown name: one line with the known ones
     coll = _collect(results, slo, skip_bad, allow_mixed)
-    return coll, build_report(coll)
+    return coll, build_report(coll, focus, load_tuned(tuned) if tuned else None)
 
 
 @handles_errors
@@ -79,6 +85,17 @@ def report(
     ] = "2x",
     skip_bad: SkipBad = False,
     allow_mixed_revisions: AllowMixed = False,
+    focus: Annotated[
+        str, typer.Option(help="The scheduler the verdicts judge against every other.")
+    ] = "topas",
+    tuned: Annotated[
+        Path | None,
+        typer.Option(
+            "--tuned",
+            help="The tuned file the runs were made with (`tune`'s tuned.toml): marks each "
+            "scheduler's tuned form, which stands for it in the verdicts.",
+        ),
+    ] = None,
 ) -> None:
     """Summarise a results tree: JCT (mean/p50/p90/p99 with 95% bootstrap intervals over
     seeds), reduction vs the best baseline, goodput under an SLO, request-level TTFT, TPOT,
@@ -87,14 +104,21 @@ def report(
     the report refuses to go on (exit 2) unless --skip-bad; so do runs of several code
     revisions unless --allow-mixed-revisions.
 
+    The protocol's verdicts (docs/evaluation.md, "Protocol"): FOCUS against every other
+    scheduler, against each of its ablations and each tuned scheduler against its defaults,
+    per setting and metric, paired over seeds with a 95% bootstrap interval, win / loss only
+    where it excludes 0 after Holm's correction over each table (verdicts.csv, levers.csv,
+    tuning.csv; runs.csv.gz holds the per-run numbers they are computed from).
+
     Examples:
       topas-bench report runs/s1
       topas-bench report runs/s1 --slo 3x --out runs/s1/slo3
+      topas-bench report runs/paper-regime --tuned runs/tune/tuned.toml --out results/pr
     """
     from topas_bench.analysis.render import to_markdown, write_report
 
     target = check_out_dir(out_dir or results)
-    _, rep = _load(results, slo, skip_bad, allow_mixed_revisions)
+    _, rep = _load(results, slo, skip_bad, allow_mixed_revisions, focus, tuned)
     files = write_report(rep, target)
     if not quiet:
         out.print(to_markdown(rep), markup=False)

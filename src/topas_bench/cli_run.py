@@ -297,6 +297,12 @@ def sweep(
             "beside its default, on the same samples.",
         ),
     ] = None,
+    tuned_only: Annotated[
+        bool,
+        typer.Option(
+            "--tuned-only", help="With --tuned: run the tuned settings instead of the defaults."
+        ),
+    ] = False,
     allow_large: AllowLarge = False,
 ) -> None:
     """Run schedulers x workloads x loads (or rates) x seeds x presets x KV budgets (x replicas
@@ -337,6 +343,7 @@ def sweep(
         "replicas": _listed(replicas, "--replicas", int),
         "routers": router.split(",") if router else None,
         "tuned": str(tuned) if tuned else None,
+        "tuned_only": True if tuned_only else None,
     }
     doc = read_toml(config) if config else {}
     specs = load_specs(doc, flags, source, base=config.parent if config else None)

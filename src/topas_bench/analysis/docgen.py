@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -234,19 +233,23 @@ def preemption(
 
 
 def tuning(root: Path, dir: str, tuned: str) -> str:
-    """Each tuned scheduler: its parameters, the budget, and the effect per workload."""
+    """Each tuned scheduler: its parameters, the objective before and after, and the effect
+    of tuning per workload on the evaluation seeds; the budget every one of them had."""
+    from topas_bench.tuned import load_tuned
+
     runs = runs_of(root, dir)
-    doc = _tuned_doc(root / tuned)
+    found = load_tuned(root / tuned)
     table = tuning_table(runs, None)
     workloads = _workload_order(list(runs["workload"].unique()))
     records = []
-    for name, entry in sorted(doc.get("scheduler", {}).items()):
-        params = entry.get("params", {})
+    for name, entry in sorted(found.entries.items()):
         row: dict[str, Any] = {
             "scheduler": name,
             "tuned parameters": ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(
-                params.items())) or "defaults won",
-            "objective: default -> tuned": _objective(entry),
+                entry.params.items())) or "defaults kept",
+            "trials (grid)": f"{entry.trials} ({entry.grid_points:,})",
+            "objective: defaults -> tuned": f"{entry.default.objective:.3f} -> "
+                                            f"{entry.tuned.objective:.3f}",
         }  # fmt: skip
         d = table[(table["other_name"] == name) & (table["metric"] == "mean")]
         for w in workloads:
@@ -254,37 +257,12 @@ def tuning(root: Path, dir: str, tuned: str) -> str:
             row[f"{w} (mean)"] = cell_text(hit.iloc[0]) if not hit.empty else "-"
         records.append(row)
     return _md(records) + (
-        f"\n(Budget: {_budget(doc)}. Effect: the tuned form against the defaults on the "
-        f"evaluation seeds {_seeds(runs)}, mean JCT, positive = tuning helped. "
-        f"{family_note(len(table))} Family: every tuned scheduler, mean and p99.)\n"
+        f"\n(Budget: {found.describe_budget()}. Objective: lower is better, 1 = the best "
+        "default baseline. The workload columns: the tuned form against the defaults on the "
+        f"evaluation seeds {_seeds(runs)}, mean JCT, positive = tuning helped, '-' where "
+        f"tuning kept the defaults. {family_note(len(table))} Family: every tuned scheduler "
+        "against its defaults, mean and p99.)\n"
     )
-
-
-def _tuned_doc(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TopasError(f"{path}: unreadable tuning file ({e})") from None
-
-
-def _objective(entry: Mapping[str, Any]) -> str:
-    a, b = entry.get("default_objective"), entry.get("tuned_objective")
-    if not isinstance(a, int | float) or not isinstance(b, int | float):
-        return "-"
-    return f"{a:.3f} -> {b:.3f}"
-
-
-def _budget(doc: Mapping[str, Any]) -> str:
-    b = doc.get("budget", {})
-    parts = [f"{b.get('trials', '?')} trials (or the whole grid when smaller)"]
-    if "seeds" in b:
-        parts.append("tuning seeds " + ",".join(str(s) for s in b["seeds"]))
-    if "workloads" in b:
-        parts.append("workloads " + ", ".join(b["workloads"]))
-    for k in ("tasks", "load", "preset"):
-        if k in b:
-            parts.append(f"{k} {b[k]}")
-    return "; ".join(parts)
 
 
 def mechanism(root: Path, dir: str, focus: str = "topas") -> str:

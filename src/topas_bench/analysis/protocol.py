@@ -36,19 +36,18 @@ COMPACT = (
 
 
 class Tuned(Protocol):
-    """Tuned parameters per scheduler (`tune.load_tuned`'s result)."""
+    """Tuned parameters per scheduler (`tuned.load_tuned`'s `TunedSet`)."""
 
-    def params_for(self, name: str) -> dict[str, Any]: ...
+    def is_tuned(self, name: str, params: Mapping[str, Any]) -> bool: ...
 
 
 def variant(name: str, params_json: str, tuned: Tuned | None) -> str:
-    """`default` (no parameters), `tuned` (the tuned parameters of its name) or `custom`."""
+    """`tuned` (its name's tuned setting, which may be its defaults where tuning kept them),
+    `default` (no parameters, not tuned) or `custom` (other parameters)."""
     params = json.loads(params_json) if params_json else {}
-    if not params:
-        return "default"
-    if tuned is not None and params == tuned.params_for(name):
+    if tuned is not None and tuned.is_tuned(name, params):
         return "tuned"
-    return "custom"
+    return "custom" if params else "default"
 
 
 def with_variants(runs: pd.DataFrame, tuned: Tuned | None) -> pd.DataFrame:

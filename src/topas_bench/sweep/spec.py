@@ -46,6 +46,9 @@ directory). Every group then also runs each of its schedulers whose tuned settin
 default (`TunedSet.params_for`; a TOPAS ablation inherits TOPAS's), with that setting, beside
 the default one: on the same workload sample, as `name[k=v,...]` in reports. Evaluation seeds
 must not be the file's tuning seeds, and a scheduler it tunes takes no `scheduler_params`.
+`tuned_only = true` runs the tuned variants instead of the defaults (a scheduler whose tuning
+kept its defaults runs them): each scheduler once, in its tuned form, where a grid is too large
+to run both (the regime map).
 
 Clusters (docs/cluster.md): `replicas` (replica counts; absent = one server, no router) and
 `routers` (router names, default sglang-router's `cache-aware`; needs `replicas`) are two more
@@ -75,7 +78,7 @@ KEYS = (
     "workloads", "schedulers", "seeds", "loads", "rates", "presets", "kv_budgets", "tasks",
     "length_hint", "host_tier_tokens", "workload_params", "scheduler_params", "out",
     "replicas", "routers", "router_params", "tasks_per_replica", "kv_budget_multiples",
-    "output_scales", "load_reference", "tuned",
+    "output_scales", "load_reference", "tuned", "tuned_only",
 )  # fmt: skip
 
 
@@ -102,6 +105,8 @@ class SweepSpec:
     load_reference: tuple[str, ...] = DEFAULT_LOAD_REFERENCE
     #: A tuned file's settings, run beside the defaults (module docstring); None: none.
     tuned: TunedSet | None = None
+    #: run the tuned variants instead of the defaults, not beside them
+    tuned_only: bool = False
 
     def __post_init__(self) -> None:
         for name in ("workloads", "schedulers", "seeds", "presets", "kv_budgets", "output_scales",
@@ -159,6 +164,8 @@ class SweepSpec:
             extra = sorted(set(getattr(self, key)) - set(names))
             if extra:
                 raise TopasError(f"sweep: `{key}` for {extra[0]!r}, which is not in this sweep")
+        if self.tuned_only and self.tuned is None:
+            raise TopasError("sweep: `tuned_only` needs `tuned` (a tuned file)")
         if self.tuned is not None:
             self.tuned.check_seeds(self.seeds, "sweep")
             both = sorted(set(self.tuned.variants(self.schedulers)) & set(self.scheduler_params))
@@ -200,6 +207,9 @@ class SweepSpec:
             return list(dict.fromkeys(ws.budget_tokens(m) for m in self.kv_budget_multiples))
 
         variants = self.tuned.variants(self.schedulers) if self.tuned is not None else {}
+        base = self.schedulers
+        if self.tuned_only:
+            base = tuple(s for s in self.schedulers if s not in variants)
         runs = []
         for w, x in itertools.product(self.workloads, self.output_scales):
             params = dict(self.workload_params.get(w, {}))
@@ -209,12 +219,13 @@ class SweepSpec:
                 self.presets, budgets(w, params), levels, clusters, self.seeds
             ):
                 run = RunSpec(
-                    workload=w, schedulers=self.schedulers, num_tasks=tasks(w, c), seed=s,
+                    workload=w, schedulers=base or tuple(variants), num_tasks=tasks(w, c), seed=s,
                     rate_per_s=rate, load=load, load_reference=self.load_reference, preset=p,
                     kv_budget_tokens=b, workload_params=params,
                     scheduler_params=self.scheduler_params, cluster=c, engine=engine, out=out,
                 )  # fmt: skip
-                runs.append(run)
+                if base:
+                    runs.append(run)
                 if variants:
                     runs.append(replace(run, schedulers=tuple(variants),
                                         scheduler_params=variants))  # fmt: skip
@@ -341,6 +352,7 @@ def _spec(
         output_scales=tuple(float(x) for x in scales),
         load_reference=reference,
         tuned=tuned_set,
+        tuned_only=_scalar(source, "tuned_only", raw.get("tuned_only", False), bool),
     )
     out = raw.get("out")
     if out is not None and not isinstance(out, str):
