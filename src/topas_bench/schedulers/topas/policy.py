@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from topas_bench.schedulers.base import (
+    Capabilities,
     Decision,
     EngineView,
     Policy,
@@ -31,7 +32,7 @@ from topas_bench.schedulers.base import (
     ServerNeeds,
     StageState,
 )
-from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim
+from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim, first_misfit
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
 from topas_bench.schedulers.topas.search import AgentInfo, score_set, search
@@ -43,6 +44,8 @@ class Topas(Policy):
 
     name = "topas"
     defaults: ClassVar[dict[str, Any]] = {}
+    #: Asked at every iteration while requests wait, and preempts (`topas-no-preempt`: neither).
+    capabilities: ClassVar[Capabilities] = Capabilities(acts_while_full=True, preempts=True)
 
     def __init__(self, **params: Any) -> None:
         self.p = TopasParams(**{**self.defaults, **resolve_params(self.name, params)})
@@ -60,9 +63,10 @@ class Topas(Policy):
 
     @property
     def needs(self) -> ServerNeeds:
-        """The door for acting while the batch is full: asked at every iteration while
-        requests wait, so it can preempt for a better candidate."""
-        return ServerNeeds(acts_while_full=True)
+        """The door for acting while the batch is full, where the class acts while full:
+        asked at every iteration while requests wait, so it can preempt for a better
+        candidate."""
+        return ServerNeeds(acts_while_full=self.capabilities.acts_while_full)
 
     # -- the decision ----------------------------------------------------------------------
     def decide(self, view: EngineView) -> Decision:
@@ -90,7 +94,9 @@ class Topas(Policy):
             locked_agents=locked,
             max_actions=self.p.max_actions,
             scan=max(self.p.scan_limit, 4 * self.p.max_actions),
-            preempt_margin_s=self.p.preempt_margin_s,
+            # a class that never preempts: no preemption pays (its victims' releases still
+            # tell backfill when memory comes back)
+            preempt_margin_s=self.p.preempt_margin_s if self.capabilities.preempts else math.inf,
             open_agents=frozenset(c.agent for c in ranked if c.agent not in prefixes),
             running_tasks=frozenset(r.task_id for r in view.running),
         )
@@ -119,8 +125,19 @@ class Topas(Policy):
         keep = choice.keep | frozenset(a for a in locked if agents[a].next_users > 0)
         pins = self.p.pins and (self.p.use_reuse or self.p.joint)
         keep = keep if pins else frozenset()
+        admit = [c.req for c in pack.admits]
+        misfit = None
+        if view.running and not self.capabilities.acts_while_full:
+            # Asked only where SGLang asks any policy: the pass ends where a baseline's would,
+            # at the best-ranked request that does not fit, which the engine checks and whose
+            # NO_TOKEN sets the `batch_is_full` latch. (Ended by the cutoff instead, the pass
+            # would leave the latch clear, and the engine would ask again at the next
+            # iteration with memory full.)
+            misfit = first_misfit(inputs, pack, choice.keep)
+        if misfit is not None:
+            admit.append(misfit.req)
         stands = None
-        if pack.admits or pack.preempts or not view.running:
+        if admit or pack.preempts or not view.running:
             self.standings["acts" if view.running else "idle"] += 1
         elif pool.stale_left:
             self.standings["paths stale"] += 1
@@ -129,7 +146,7 @@ class Topas(Policy):
                 view, self.p, pool, inputs, agents, choice, self._credit, self.standings
             ).standing
         return Decision(
-            admit=[c.req for c in pack.admits],
+            admit=admit,
             preempt=[v.req for v in pack.preempts],
             keep_prefixes=frozenset(a for a in keep if a in prefixes),
             stands=stands,
@@ -381,6 +398,18 @@ class TopasNoMoveStall(Topas):
 
     name = "topas-no-move-stall"
     defaults: ClassVar[dict[str, Any]] = {"move_charge": "admitted"}
+
+
+class TopasNoPreempt(Topas):
+    """TOPAS asked only where a baseline is asked, and never preempting (ablation).
+
+    The two capabilities the baselines lack are off (`Capabilities`): the engines ask it only
+    at the prefill attempts SGLang makes for any policy, and no preemption pays in its packs;
+    its pins, the joint choice of R' and the score stay TOPAS's.
+    """
+
+    name = "topas-no-preempt"
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
 
 class TopasPrevScore(Topas):
