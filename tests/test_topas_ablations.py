@@ -164,6 +164,34 @@ def test_each_lever_decides_alone_on_an_absent_prefix(name: str, admits: bool) -
     assert not decision.preempt
 
 
+def preemption_view() -> View:
+    """Request 1 (task t, on its critical path, 100 s of service ahead) waits and does not
+    fit the 500 free tokens; request 2 (task u, agent b) runs, has generated nothing, and
+    would free 1,100 tokens: preempting it costs 1 s of redo, admitting request 1 gains
+    about the 100 s horizon, past the 20 s margin."""
+    r = Req(1, "t", "s0")
+    t0 = StageV("s0", state=StageState.WAITING, request=r)
+    run = Req(2, "u", "r0", agent="b", prompt=(Segment("agent:b", 900), Segment("u/in", 100)))
+    run.admitted_s = 0.0
+    u0 = StageV("r0", agent="b", state=StageState.RUNNING, request=run)
+    prefixes = [
+        PrefixView("a", 900, PrefixLocation.NONE, 0, False),
+        PrefixView("b", 900, PrefixLocation.GPU, 1, False),
+    ]
+    est = FixedEstimator({"s0": 10.0, "r0": 100.0})
+    return View([r], {"t": TaskV("t", {"s0": t0}), "u": TaskV("u", {"r0": u0})}, est,
+                running=[run], free_tokens=500, prefix_list=prefixes)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["topas", *ABLATIONS])
+def test_only_topas_no_preempt_declines_a_preemption_that_pays(name: str) -> None:
+    """TOPAS and every other ablation preempt request 2 for request 1; `topas-no-preempt`
+    does not, and hands request 1 to the engine's check, whose refusal sets the latch."""
+    decision = make_policy(name).decide(preemption_view())  # type: ignore[arg-type]
+    assert [r.rid for r in decision.admit] == [1]
+    assert [r.rid for r in decision.preempt] == ([] if name == "topas-no-preempt" else [2])
+
+
 # -- 3. R' reaches the engine ------------------------------------------------------------------
 @pytest.mark.parametrize("name", PINNING)
 def test_the_searched_resident_set_reaches_the_engine_as_pins(name: str) -> None:
