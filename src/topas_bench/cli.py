@@ -210,9 +210,9 @@ def schedulers_list() -> None:
     table = Table(title="schedulers (docs/schedulers.md)", title_justify="left")
     for column in ("name", "group", "acts while full", "preempts", "description"):
         table.add_column(column)
+    yes = ("no", "yes")
     for name in SCHEDULERS:
         caps = capabilities(name)
-        yes = ("no", "yes")
         table.add_row(
             name, role(name), yes[caps.acts_while_full], yes[caps.preempts], summary(name)
         )

@@ -28,9 +28,11 @@ from topas_bench.schedulers.base import (
     Policy,
     PrefixLocation,
     PrefixView,
+    ProvesStanding,
     RequestView,
     ServerNeeds,
     StageState,
+    Standing,
 )
 from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim, first_misfit
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
@@ -136,7 +138,7 @@ class Topas(Policy):
             misfit = first_misfit(inputs, pack, choice.keep)
         if misfit is not None:
             admit.append(misfit.req)
-        stands = None
+        stands: ProvesStanding | None = None
         if admit or pack.preempts or not view.running:
             self.standings["acts" if view.running else "idle"] += 1
         elif pool.stale_left:
@@ -145,12 +147,27 @@ class Topas(Policy):
             stands = Certificate(
                 view, self.p, pool, inputs, agents, choice, self._credit, self.standings
             ).standing
+            if not self.capabilities.acts_while_full:  # and while no misfit is handed over
+                stands = _above(stands, self._misfit_floor(view, pool, inputs, choice.keep))
         return Decision(
             admit=admit,
             preempt=[v.req for v in pack.preempts],
             keep_prefixes=frozenset(a for a in keep if a in prefixes),
             stands=stands,
         )
+
+    def _misfit_floor(
+        self, view: EngineView, pool: Pool, inputs: PackInputs, keep: frozenset[str]
+    ) -> int:
+        """An admission budget above which a decision like this one hands no misfit to the
+        engine (`pack.first_misfit`), whichever requests its scan takes: the largest cost of
+        a waiting request (admission need plus lock cost), plus what pinning `keep` takes
+        where the engine has not pinned it yet. Costs do not grow between decode steps."""
+        costs = list(pool.costs.values())
+        missing = [r for r in view.waiting if r.rid not in pool.costs]
+        if missing:
+            costs += view.admission_costs(missing)
+        return max(costs) + sum(inputs.prefix_tokens.get(a, 0) for a in keep)
 
     # -- progress: weights and candidates ---------------------------------------------------
     def _horizon(self, view: EngineView) -> float:
@@ -353,6 +370,16 @@ class Topas(Policy):
             self._credit = {k: v for k, v in self._credit.items() if k in live}
         if len(self._path_memo) > 2 * len(view.tasks) + 64:
             self._path_memo = {k: v for k, v in self._path_memo.items() if k in view.tasks}
+
+
+def _above(proof: ProvesStanding, floor: float) -> ProvesStanding:
+    """`proof`, its stand's admission budget raised above `floor`."""
+
+    def stands(steps: int) -> Standing | None:
+        found = proof(steps)
+        return None if found is None else replace(found, budget_lo=max(found.budget_lo, floor))
+
+    return stands
 
 
 class TopasBase(Topas):
