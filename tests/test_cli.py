@@ -23,6 +23,7 @@ from topas_bench.schedulers.registry import (
     PEERS,
     SCHEDULERS,
     SGLANG_STOCK,
+    capabilities,
 )
 from topas_bench.spec import GROUPS
 from topas_bench.workloads.registry import WORKLOADS, generate
@@ -485,10 +486,16 @@ def test_schedulers_list() -> None:
     out = text(ok("schedulers", "list"))
     group = {n: "paper" for n in (*BASELINES, "topas")} | {n: "peer" for n in PEERS}
     group |= {n: "ablation" for n in ABLATIONS}
+    yes = ("no", "yes")
     for name in SCHEDULERS.names():
-        assert f"│ {name} │ {group.get(name, '')}" in out
-    assert "│ fcfs │ paper │ First come, first served: the queue as it stands" in out
-    assert "│ kvflow │ peer │ FCFS admission; eviction by steps-to-execution" in out
+        caps = capabilities(name)
+        cells = (name, group.get(name, ""), yes[caps.acts_while_full], yes[caps.preempts])
+        row = "│ " + " │ ".join(cells) + " │"
+        assert " ".join(row.split()) in out  # as `text` collapses an empty group's cell
+    assert "│ fcfs │ paper │ no │ no │ First come, first served: the queue as it stands" in out
+    assert "│ kvflow │ peer │ no │ no │ FCFS admission; eviction by steps-to-execution" in out
+    assert "│ topas │ paper │ yes │ yes │ TOPAS: joint prefix residency" in out
+    assert "│ topas-no-preempt │ ablation │ no │ no │ TOPAS asked only where" in out
 
 
 def test_presets_list() -> None:

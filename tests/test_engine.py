@@ -12,7 +12,7 @@ import pytest
 from topas_bench.runners.sim.config import SimConfig, check_fits
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimResult, SimulationError, Simulator, Step
-from topas_bench.schedulers.base import Decision, EngineView, Policy, ServerNeeds
+from topas_bench.schedulers.base import Capabilities, Decision, EngineView, Policy, ServerNeeds
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.schedulers.spf import SPF
@@ -400,6 +400,8 @@ def test_the_server_clips_max_new_tokens_to_fit_the_budget() -> None:
 # -- policies acting -----------------------------------------------------------------------------
 class PreemptFirst(FCFS):
     """Preempts every running request once, at the first decision that sees two waiting."""
+
+    capabilities = Capabilities(acts_while_full=True, preempts=True)
 
     @property
     def needs(self) -> ServerNeeds:

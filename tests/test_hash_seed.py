@@ -30,7 +30,7 @@ def _run(out: Path, hash_seed: int, scheduler: str, seed: int) -> dict[str, pd.D
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", ["topas", "topas-prev-score"])
+@pytest.mark.parametrize("scheduler", ["topas", "topas-prev-score", "topas-no-preempt"])
 def test_a_cell_is_the_same_under_every_hash_seed(tmp_path: Path, scheduler: str) -> None:
     first = _run(tmp_path / "h1", 1, scheduler, seed=2)
     for h in (2, 3):

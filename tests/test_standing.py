@@ -120,6 +120,7 @@ VARIANTS = {
     "no-joint": ("topas-no-joint", {}),
     "no-pins": ("topas-no-pins", {}),
     "no-move-stall": ("topas-no-move-stall", {}),
+    "no-preempt": ("topas-no-preempt", {}),
     "prev-score": ("topas-prev-score", {}),
     "move-running": ("topas", {"move_charge": "running"}),
     "path-samples": ("topas", {"path_samples": 16}),

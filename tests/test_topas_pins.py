@@ -74,7 +74,14 @@ def test_topas_no_pins_pins_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["topas-no-pins", "topas-no-joint", "topas-no-move-stall", "topas-prev-score"]
+    "name",
+    [
+        "topas-no-pins",
+        "topas-no-joint",
+        "topas-no-move-stall",
+        "topas-no-preempt",
+        "topas-prev-score",
+    ],
 )
 def test_ablations_are_registered(name: str) -> None:
     assert name in ABLATIONS and name in SCHEDULERS

@@ -196,13 +196,27 @@ def workloads_validate(
 @schedulers_app.command("list")
 @handles_errors
 def schedulers_list() -> None:
-    """List the registered schedulers.
+    """List the registered schedulers: group, capabilities, description.
+
+    "acts while full": asked, and may act, while the batch is full (SGLang's `batch_is_full`);
+    "preempts": may retract running requests by its own decision (docs/schedulers.md).
 
     Example: topas-bench schedulers list
     """
-    from topas_bench.analysis.console import print_schedulers
+    from rich.table import Table
 
-    print_schedulers(out)
+    from topas_bench.schedulers.registry import SCHEDULERS, capabilities, role, summary
+
+    table = Table(title="schedulers (docs/schedulers.md)", title_justify="left")
+    for column in ("name", "group", "acts while full", "preempts", "description"):
+        table.add_column(column)
+    yes = ("no", "yes")
+    for name in SCHEDULERS:
+        caps = capabilities(name)
+        table.add_row(
+            name, role(name), yes[caps.acts_while_full], yes[caps.preempts], summary(name)
+        )
+    out.print(table)
 
 
 @presets_app.command("list")

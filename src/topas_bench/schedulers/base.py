@@ -19,7 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from topas_bench.errors import TopasError
 from topas_bench.runners.sim.evict import POLICIES as EVICTION_POLICIES
@@ -279,7 +279,8 @@ class ServerNeeds:
         the latch before every prefill attempt, `Scheduler._get_new_batch_prefill_raw`): the
         engine, simulated or real (the plugin's adapter), then asks the policy at every
         iteration while requests wait, so it can preempt for a better candidate, and pays a
-        prefill attempt per step for it.
+        prefill attempt per step for it. A policy opens it exactly when its class declares
+        `Capabilities.acts_while_full` (`tests/test_capabilities.py`).
     tree_core: the SGLang tree core the server must run, or None for the server's own
         (`ServerSettings.tree_core`, SGLang's Rust core). A policy that sets
         `Decision.prefix_priority` needs `python`: the Rust core keeps node priorities out of
@@ -322,6 +323,32 @@ class ServerNeeds:
     def protected_threshold(self) -> int:
         """`slru`'s protected threshold: the config's, else SGLang's default (2)."""
         return self.eviction_config_dict.get("protected_threshold", 2)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a scheduler may do beyond ordering the queue where SGLang asks any policy: a fact
+    of its class (of its registered name, whatever its parameters), read by
+    `schedulers.registry.capabilities`, shown by `topas-bench schedulers list` and tabled in
+    docs/schedulers.md, so that a comparison can say which schedulers had which powers.
+
+    acts_while_full: it is consulted, and may act, while the batch is full (SGLang's
+        `batch_is_full` latch set: a prefill attempt found no room, and no running request
+        has left since). Its `needs` open the door (`ServerNeeds.acts_while_full`: the engines
+        ask it at every iteration while requests wait). False: it is asked only at the prefill
+        attempts SGLang makes for any policy.
+    preempts: it may retract a running request by its own decision (`Decision.preempt`).
+        False: no decision of it preempts (the simulator refuses one that does).
+
+    Neither covers what the engine does on its own: SGLang retracts running requests when a
+    decode step does not fit (`ScheduleBatch.retract_decode`; the policy only orders them,
+    `Policy.retraction_order`), whatever the policy. A run's `preemptions` counter counts
+    those retractions and the policy's preemptions together; the decisions table's
+    `preempt` column counts the policy's alone.
+    """
+
+    acts_while_full: bool = False
+    preempts: bool = False
 
 
 class InvalidParameter(TopasError):
@@ -380,6 +407,8 @@ class Policy(ABC):
 
     #: The scheduler's registered name (a stock SGLang policy's is its row's, set per instance).
     name: str = ""
+    #: What it may do beyond ordering the queue (`Capabilities`): by default, nothing.
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
     def __init__(self, **params: Any) -> None:
         reject_unknown(self.name, params)
@@ -435,6 +464,7 @@ __all__ = [
     "BUDGET_MARGIN",
     "EVICTION_POLICIES",
     "SCHEDULE_POLICIES",
+    "Capabilities",
     "Decision",
     "EngineView",
     "InvalidParameter",

@@ -9,14 +9,14 @@ from typing import Any
 
 from topas_bench.registry import Registry
 from topas_bench.schedulers.autellix import Autellix
-from topas_bench.schedulers.base import Policy, reject_unknown
+from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown
 from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.kvflow import KVFlow
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.lpm_aging import LPMAging
 from topas_bench.schedulers.parrot import ParrotFCFS
-from topas_bench.schedulers.sglang_stock import STOCK, StockRow
+from topas_bench.schedulers.sglang_stock import STOCK, Stock, StockRow
 from topas_bench.schedulers.spf import SPF
 from topas_bench.schedulers.topas import (
     Topas,
@@ -26,6 +26,7 @@ from topas_bench.schedulers.topas import (
     TopasNoJoint,
     TopasNoMoveStall,
     TopasNoPins,
+    TopasNoPreempt,
     TopasNoReuse,
     TopasPrevScore,
 )
@@ -46,6 +47,7 @@ SCHEDULERS.add("topas-no-aging", TopasNoAging)
 SCHEDULERS.add("topas-no-joint", TopasNoJoint)
 SCHEDULERS.add("topas-no-pins", TopasNoPins)
 SCHEDULERS.add("topas-no-move-stall", TopasNoMoveStall)
+SCHEDULERS.add("topas-no-preempt", TopasNoPreempt)
 SCHEDULERS.add("topas-prev-score", TopasPrevScore)
 SCHEDULERS.add("topas-expected-path", TopasExpectedPath)
 SCHEDULERS.add("kvflow", KVFlow)
@@ -67,7 +69,7 @@ PEERS = ("kvflow", "continuum", "lpm-aging", *SGLANG_STOCK)
 #: TOPAS's ablations (docs/design.md section 5).
 ABLATIONS = (
     "topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint", "topas-no-pins",
-    "topas-no-move-stall", "topas-prev-score",
+    "topas-no-move-stall", "topas-no-preempt", "topas-prev-score",
 )  # fmt: skip
 
 
@@ -86,6 +88,24 @@ def summary(name: str) -> str:
     doc = factory.summary if isinstance(factory, StockRow) else factory.__doc__
     lines = (doc or "").strip().splitlines()
     return lines[0] if lines else ""
+
+
+def role(name: str) -> str:
+    """The group `topas-bench schedulers list` shows: `paper` (a baseline or `topas`),
+    `ablation`, `peer`, or "" (registered, in no group)."""
+    if name in BASELINES or name == "topas":
+        return "paper"
+    return "ablation" if name in ABLATIONS else "peer" if name in PEERS else ""
+
+
+def capabilities(name: str) -> Capabilities:
+    """What a registered scheduler may do beyond ordering the queue (`base.Capabilities`): a
+    fact of its class, or of `Stock` for a row of SGLang's stock table."""
+    factory = SCHEDULERS.get(name)
+    cls = Stock if isinstance(factory, StockRow) else factory
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise TypeError(f"scheduler {name!r} is registered as {factory!r}, not a policy class")
+    return cls.capabilities
 
 
 def is_policy_class(name: str, base: type[Policy]) -> bool:

@@ -17,6 +17,7 @@ import numpy as np
 
 from topas_bench.runners.sim import standing
 from topas_bench.runners.sim.admission import AddResult, PrefillAdder
+from topas_bench.runners.sim.core import SimulationError
 from topas_bench.runners.sim.decode import Decode
 from topas_bench.runners.sim.state import SimRequest
 from topas_bench.schedulers.base import Decision, StageState
@@ -98,9 +99,16 @@ class Prefill(Decode):
     def _apply_preemptions(
         self, decision: Decision | None, adder: PrefillAdder
     ) -> list[SimRequest]:
-        """The plugin's adder releases the policy's preemptions first (`preempt_to_schedule`)."""
+        """The plugin's adder releases the policy's preemptions first (`preempt_to_schedule`).
+        A policy whose class declares it never preempts (`Capabilities.preempts`) is held to
+        it."""
         if decision is None or not decision.preempt:
             return []
+        if not self.policy.capabilities.preempts:
+            raise SimulationError(
+                f"scheduler {self.policy.name!r} declares that it never preempts, but its "
+                f"decision preempts {len(decision.preempt)} running request(s)"
+            )
         rids = {self._own(r).rid for r in decision.preempt}
         out = []
         for req in list(self.running):

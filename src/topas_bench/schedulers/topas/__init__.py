@@ -9,12 +9,13 @@ from topas_bench.schedulers.topas.policy import (
     TopasNoJoint,
     TopasNoMoveStall,
     TopasNoPins,
+    TopasNoPreempt,
     TopasNoReuse,
     TopasPrevScore,
 )
 
 __all__ = [
     "Topas", "TopasBase", "TopasExpectedPath", "TopasNoAging",
-    "TopasNoJoint", "TopasNoMoveStall", "TopasNoPins", "TopasNoReuse", "TopasParams",
-    "TopasPrevScore",
+    "TopasNoJoint", "TopasNoMoveStall", "TopasNoPins", "TopasNoPreempt", "TopasNoReuse",
+    "TopasParams", "TopasPrevScore",
 ]  # fmt: skip

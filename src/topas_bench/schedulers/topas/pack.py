@@ -76,7 +76,7 @@ class PackInputs:
     locked_agents: frozenset[str]  # agents whose prefix running requests lock already
     max_actions: int
     scan: int
-    preempt_margin_s: float
+    preempt_margin_s: float  # infinite: no preemption pays (a class that never preempts)
     open_agents: frozenset[str] = frozenset()  # agents with no shared prefix: never restricted
     running_tasks: frozenset[str] = frozenset()  # tasks with a running request (a move stalls)
     #: (expected finish, frees) of each victim, soonest first: when memory comes back anyway
@@ -139,6 +139,21 @@ def greedy_pack(inp: PackInputs, allowed: frozenset[str] | None, keep: frozenset
         if cand.absent:
             absent_taken.add(agent)
     return pack
+
+
+def first_misfit(inp: PackInputs, pack: Pack, keep: frozenset[str]) -> Candidate | None:
+    """The best-ranked candidate, of any agent, that `pack` (for resident set `keep`) did not
+    admit and that does not fit the budget it leaves: where a pass walking the same ranking
+    would stop for memory (SGLang's NO_TOKEN)."""
+    paid = set(keep) | inp.locked_agents | set(inp.kept_unlocked)
+    paid.update(c.agent for c in pack.admits)
+    left = inp.budget - pack.used
+    admitted = {c.req.rid for c in pack.admits}
+    for cand in itertools.islice(inp.ranked, inp.scan):
+        cost = cand.cost - (cand.prefix if cand.agent in paid else 0)
+        if cand.req.rid not in admitted and cost >= left:
+            return cand
+    return None
 
 
 def _preempt_for(

@@ -22,16 +22,19 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from topas_bench.schedulers.base import (
+    Capabilities,
     Decision,
     EngineView,
     Policy,
     PrefixLocation,
     PrefixView,
+    ProvesStanding,
     RequestView,
     ServerNeeds,
     StageState,
+    Standing,
 )
-from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim
+from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim, first_misfit
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
 from topas_bench.schedulers.topas.search import AgentInfo, score_set, search
@@ -43,6 +46,8 @@ class Topas(Policy):
 
     name = "topas"
     defaults: ClassVar[dict[str, Any]] = {}
+    #: Asked at every iteration while requests wait, and preempts (`topas-no-preempt`: neither).
+    capabilities: ClassVar[Capabilities] = Capabilities(acts_while_full=True, preempts=True)
 
     def __init__(self, **params: Any) -> None:
         self.p = TopasParams(**{**self.defaults, **resolve_params(self.name, params)})
@@ -60,9 +65,10 @@ class Topas(Policy):
 
     @property
     def needs(self) -> ServerNeeds:
-        """The door for acting while the batch is full: asked at every iteration while
-        requests wait, so it can preempt for a better candidate."""
-        return ServerNeeds(acts_while_full=True)
+        """The door for acting while the batch is full, where the class acts while full:
+        asked at every iteration while requests wait, so it can preempt for a better
+        candidate."""
+        return ServerNeeds(acts_while_full=self.capabilities.acts_while_full)
 
     # -- the decision ----------------------------------------------------------------------
     def decide(self, view: EngineView) -> Decision:
@@ -90,7 +96,9 @@ class Topas(Policy):
             locked_agents=locked,
             max_actions=self.p.max_actions,
             scan=max(self.p.scan_limit, 4 * self.p.max_actions),
-            preempt_margin_s=self.p.preempt_margin_s,
+            # a class that never preempts: no preemption pays (its victims' releases still
+            # tell backfill when memory comes back)
+            preempt_margin_s=self.p.preempt_margin_s if self.capabilities.preempts else math.inf,
             open_agents=frozenset(c.agent for c in ranked if c.agent not in prefixes),
             running_tasks=frozenset(r.task_id for r in view.running),
         )
@@ -119,8 +127,19 @@ class Topas(Policy):
         keep = choice.keep | frozenset(a for a in locked if agents[a].next_users > 0)
         pins = self.p.pins and (self.p.use_reuse or self.p.joint)
         keep = keep if pins else frozenset()
-        stands = None
-        if pack.admits or pack.preempts or not view.running:
+        admit = [c.req for c in pack.admits]
+        misfit = None
+        if view.running and not self.capabilities.acts_while_full:
+            # Asked only where SGLang asks any policy: the pass ends where a baseline's would,
+            # at the best-ranked request that does not fit, which the engine checks and whose
+            # NO_TOKEN sets the `batch_is_full` latch. (Ended by the cutoff instead, the pass
+            # would leave the latch clear, and the engine would ask again at the next
+            # iteration with memory full.)
+            misfit = first_misfit(inputs, pack, choice.keep)
+        if misfit is not None:
+            admit.append(misfit.req)
+        stands: ProvesStanding | None = None
+        if admit or pack.preempts or not view.running:
             self.standings["acts" if view.running else "idle"] += 1
         elif pool.stale_left:
             self.standings["paths stale"] += 1
@@ -128,12 +147,27 @@ class Topas(Policy):
             stands = Certificate(
                 view, self.p, pool, inputs, agents, choice, self._credit, self.standings
             ).standing
+            if not self.capabilities.acts_while_full:  # and while no misfit is handed over
+                stands = _above(stands, self._misfit_floor(view, pool, inputs, choice.keep))
         return Decision(
-            admit=[c.req for c in pack.admits],
+            admit=admit,
             preempt=[v.req for v in pack.preempts],
             keep_prefixes=frozenset(a for a in keep if a in prefixes),
             stands=stands,
         )
+
+    def _misfit_floor(
+        self, view: EngineView, pool: Pool, inputs: PackInputs, keep: frozenset[str]
+    ) -> int:
+        """An admission budget above which a decision like this one hands no misfit to the
+        engine (`pack.first_misfit`), whichever requests its scan takes: the largest cost of
+        a waiting request (admission need plus lock cost), plus what pinning `keep` takes
+        where the engine has not pinned it yet. Costs do not grow between decode steps."""
+        costs = list(pool.costs.values())
+        missing = [r for r in view.waiting if r.rid not in pool.costs]
+        if missing:
+            costs += view.admission_costs(missing)
+        return max(costs) + sum(inputs.prefix_tokens.get(a, 0) for a in keep)
 
     # -- progress: weights and candidates ---------------------------------------------------
     def _horizon(self, view: EngineView) -> float:
@@ -338,6 +372,16 @@ class Topas(Policy):
             self._path_memo = {k: v for k, v in self._path_memo.items() if k in view.tasks}
 
 
+def _above(proof: ProvesStanding, floor: float) -> ProvesStanding:
+    """`proof`, its stand's admission budget raised above `floor`."""
+
+    def stands(steps: int) -> Standing | None:
+        found = proof(steps)
+        return None if found is None else replace(found, budget_lo=max(found.budget_lo, floor))
+
+    return stands
+
+
 class TopasBase(Topas):
     """TOPAS without reuse value or aging (ablation)."""
 
@@ -381,6 +425,18 @@ class TopasNoMoveStall(Topas):
 
     name = "topas-no-move-stall"
     defaults: ClassVar[dict[str, Any]] = {"move_charge": "admitted"}
+
+
+class TopasNoPreempt(Topas):
+    """TOPAS asked only where a baseline is asked, and never preempting (ablation).
+
+    The two capabilities the baselines lack are off (`Capabilities`): the engines ask it only
+    at the prefill attempts SGLang makes for any policy, and no preemption pays in its packs;
+    its pins, the joint choice of R' and the score stay TOPAS's.
+    """
+
+    name = "topas-no-preempt"
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
 
 class TopasPrevScore(Topas):

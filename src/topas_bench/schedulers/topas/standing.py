@@ -677,7 +677,7 @@ class Certificate:
             return None
         g, fixed = self.v_generated, self.v_fixed
         keep_lo = (self.tpot_lo * g + fixed) * (1.0 - EPS)
-        margin = self.p.preempt_margin_s
+        margin = self.inp.preempt_margin_s  # infinite where the class never preempts
         top, cheapest_one = float(gain_hi.max(initial=0.0)), float(keep_lo.min())
         # `pays` below with every gain at its largest and every value at its least
         if top - cheapest_one * (1.0 - EPS) + EPS * (1.0 + top + abs(margin)) <= margin:
