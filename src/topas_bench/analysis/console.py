@@ -192,20 +192,6 @@ def print_workload(console: Console, w: Workload) -> None:
         console.print(f"  {key} = {value}")
 
 
-def print_schedulers(console: Console) -> None:
-    from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, SCHEDULERS, summary
-
-    groups = {n: "paper" for n in (*BASELINES, "topas")}
-    groups |= {n: "ablation" for n in ABLATIONS} | {n: "peer" for n in PEERS}
-    table = Table(title="schedulers (docs/schedulers.md)", title_justify="left")
-    table.add_column("name")
-    table.add_column("group")
-    table.add_column("description")
-    for name in SCHEDULERS:
-        table.add_row(name, groups.get(name, ""), summary(name))
-    console.print(table)
-
-
 def print_presets(console: Console) -> None:
     table = Table(title="presets", title_justify="left")
     for col in ("name", "GPU", "model", "KV bytes/token", "derived KV budget (tokens)"):

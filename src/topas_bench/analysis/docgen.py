@@ -38,7 +38,7 @@ from topas_bench.analysis.protocol import (
     versus,
 )
 from topas_bench.analysis.regime import NO_PINS, regime_table
-from topas_bench.analysis.render import RUNS_FILE
+from topas_bench.analysis.render import RUNS_FILE, powers
 from topas_bench.analysis.report import PAPER_REDUCTIONS
 from topas_bench.analysis.verdict import family_note
 from topas_bench.errors import TopasError
@@ -178,7 +178,7 @@ def versus_matrix(root: Path, dir: str, metric: str = "mean", focus: str = "topa
     workloads = _workload_order(list(t["workload"].unique()))
     records = []
     for name, d in t.groupby("other_name", sort=False):
-        row = {"scheduler": _label(str(name), d)}
+        row = {"scheduler": _label(str(name), d), "acts while full / preempts": powers(str(name))}
         for w in workloads:
             hit = d[d["workload"] == w]
             row[w] = cell_text(hit.iloc[0]) if not hit.empty else "-"
@@ -471,7 +471,41 @@ def changes_regime(root: Path, old: str, new: str) -> str:
     )
 
 
+def capability(root: Path, dir: str) -> str:
+    """Per scheduler of a report: what it may do beyond ordering the queue (declared,
+    `registry.capabilities`), the preemptions per run it caused or suffered (engine
+    retractions included), and the form it ran in (tuned, defaults kept, no parameters)."""
+    from topas_bench.schedulers.registry import make_policy
+
+    runs = runs_of(root, dir)
+    records = []
+    names = sorted(set(runs["scheduler_name"]), key=lambda n: (n.startswith("topas"), n))
+    for name in names:
+        d = runs[runs["scheduler_name"] == name]
+        forms = set(d["variant"])
+        if "tuned" in forms:
+            tuned = d[d["variant"] == "tuned"]
+            params = json.loads(str(tuned["scheduler_params"].iloc[0]) or "{}")
+            form = "tuned: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(
+                params.items())) or "defaults kept")  # fmt: skip
+        elif not make_policy(name).params:
+            form = "no parameters"
+        else:
+            form = "defaults (not tuned)"
+        rep = d[d["variant"] == ("tuned" if "tuned" in forms else "default")]
+        records.append({
+            "scheduler": name, "acts while full / preempts": powers(name),
+            "preemptions / run": f"{rep['preemptions'].mean():.1f}", "ran as": form,
+        })  # fmt: skip
+    return _md(records) + (
+        f"\n(Preemptions per run: the mean over {_seeds(runs)} and every workload of the runs "
+        "of the form shown; it counts SGLang's own retractions too, which any scheduler may "
+        "suffer when decode memory over-commits.)\n"
+    )
+
+
 BLOCKS: dict[str, Callable[..., str]] = {
+    "capability": capability,
     "changes": changes,
     "changes-regime": changes_regime,
     "headline": headline,

@@ -136,13 +136,16 @@ def protocol_markdown(rep: Report) -> list[str]:
                 f"Margin = 1 - {rep.focus} / other over the seeds both ran (positive: "
                 f"{rep.focus} faster), 95% paired bootstrap interval. "
                 + family_note(len(v)) + " Each scheduler in its tuned form where the tree "
-                "has one (variant), else its defaults.", ""]  # fmt: skip
+                "has one (variant), else its defaults. Acts while full / preempts: what the "
+                f"scheduler may do beyond ordering the queue ({rep.focus}: "
+                f"{powers(rep.focus)}; docs/schedulers.md).", ""]  # fmt: skip
         for (workload, _, label), g in v.groupby(GROUP_KEY, sort=False):
             out += [f"### {workload} ({label})", ""]
             records = []
             for other, m in by_metric(g, "other"):
                 records.append({
                     "scheduler": other, "variant": str(m["mean"]["other_variant"]),
+                    "acts while full / preempts": powers(str(m["mean"]["other_name"])),
                     "mean JCT s": f"{m['mean']['other_value']:.1f}",
                     f"{rep.focus} mean margin": cell_text(m["mean"]),
                     "p99 JCT s": f"{m['p99']['other_value']:.1f}",
@@ -166,6 +169,17 @@ def protocol_markdown(rep: Report) -> list[str]:
                                 "p99": cell_text(m["p99"])})  # fmt: skip
         out += _table(records)
     return out
+
+
+def powers(name: str) -> str:
+    """A scheduler's declared capabilities (`registry.capabilities`): ``no / no`` for one that
+    only orders the queue where SGLang asks any policy."""
+    from topas_bench.schedulers.registry import SCHEDULERS, capabilities
+
+    if name not in SCHEDULERS.names():
+        return "?"
+    c = capabilities(name)
+    return f"{'yes' if c.acts_while_full else 'no'} / {'yes' if c.preempts else 'no'}"
 
 
 def by_metric(t: pd.DataFrame, key: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
