@@ -37,9 +37,10 @@ NOT_RUN = {
     "topas-bench serve --scheduler topas -- --model-path /models/Qwen2.5-32B-Instruct "
     "--port 30000": "a GPU and SGLang",
     "topas-bench sweep --config results/paper-regime.toml --out runs/paper-regime --compact -j 2":
-        "the paper's regime: 500 runs and 25 probes, about 9 minutes on two cores "
-        "(tests/test_sweep.py covers sweeps)",
-    "topas-bench report runs/paper-regime --out results/paper-regime":
+        "the paper's regime under the protocol: every scheduler and its tuned form, 10 seeds "
+        "(benchmarks/bench_protocol.py times it; tests/test_sweep.py covers sweeps)",
+    "topas-bench report runs/paper-regime --tuned results/tuning/tuned.toml --out "
+    "results/paper-regime":
         "the paper-regime sweep's output (tests/test_report.py covers reports)",
     "topas-bench fidelity -w chain3,dag4,dag10-wide,metagpt-sop,metagpt-tl -s "
     "fcfs,lpm,spf,parrot,autellix,topas -n 200":

@@ -167,15 +167,22 @@ def test_the_committed_regime_map_sweep_file_is_valid() -> None:
     from topas_bench.sweep import read_toml
 
     path = Path(__file__).resolve().parents[1] / "results" / "regime-map.toml"
-    [(spec, _)] = load_specs(read_toml(path), {}, str(path))
-    assert len(spec.workloads) == 5 and len(spec.seeds) >= 5
-    assert {"topas", "topas-no-pins", "topas-no-joint", "topas-no-move-stall"} <= set(
+    [(spec, _)] = load_specs(read_toml(path), {}, str(path), base=path.parent)
+    assert len(spec.workloads) == 5 and len(spec.seeds) >= 10  # the protocol's 10 seeds
+    assert {"topas", "topas-no-pins", "topas-no-joint", "topas-no-preempt"} <= set(
         spec.schedulers
     )
     assert spec.output_scales == (0.5, 1.0, 2.0) and spec.kv_budget_multiples[0] == ONE_AGENT
+    assert spec.tuned is not None and spec.tuned_only  # each scheduler once, tuned
     runs = spec.runs(Path("o"))  # every group a valid run specification
-    assert len(runs) == 5 * 5 * 3 * 3 * len(spec.seeds)
-    assert len({(r.workload, r.kv_budget_tokens) for r in runs}) == 5 * 5 * 3
+    levels = len(spec.kv_budget_multiples) * len(spec.loads) * 3
+    groups = {(r.workload, r.kv_budget_tokens, r.load, r.seed, str(r.workload_params))
+              for r in runs}  # fmt: skip
+    assert len(groups) == 5 * levels * len(spec.seeds)
+    assert len({(r.workload, r.kv_budget_tokens) for r in runs}) == 5 * 3 * 3
+    names = {s for r in runs for s in r.schedulers}
+    assert names == set(spec.schedulers)  # tuned instead of, not beside, the defaults
+    assert not set(spec.seeds) & set(spec.tuned.budget.seeds)
 
 
 # -- the map from a tiny sweep -------------------------------------------------------------------

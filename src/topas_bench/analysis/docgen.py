@@ -118,11 +118,6 @@ def _seeds(runs: pd.DataFrame) -> str:
     return ",".join(str(x) for x in s)
 
 
-def _rate(runs: pd.DataFrame, workload: str) -> str:
-    r = runs[runs["workload"] == workload]["rate_per_s"].unique()
-    return f"{r[0]:.4g}" if len(r) == 1 else "several"
-
-
 def _label(name: str, rows: pd.DataFrame) -> str:
     """A scheduler's label in a table: its name, marked `(tuned)` where its tuned form ran."""
     tuned = (rows["other_variant"] == "tuned").any() if "other_variant" in rows else False
@@ -132,34 +127,48 @@ def _label(name: str, rows: pd.DataFrame) -> str:
 # -- blocks -----------------------------------------------------------------------------------
 
 
-def headline(root: Path, dir: str, focus: str = "topas") -> str:
-    """Per workload: the strongest other scheduler on mean and p99 JCT, the focus's margin over
-    it with the verdict, its verdicts against every other, and the paper's reduction."""
+def headline(root: Path, dir: str, focus: str = "topas", paper: str = "yes") -> str:
+    """Per group (a workload at one setting): the strongest other scheduler on mean and p99
+    JCT, the focus's margin over it with the verdict, the focus's verdicts against every other,
+    and (`paper=yes`) the paper's reduction."""
     runs = runs_of(root, dir)
     table = versus(runs, focus)
     best = best_others(table)
     records = []
-    for w in _workload_order(list(best["workload"].unique())):
-        row: dict[str, Any] = {"workload (rate /s)": f"{w} ({_rate(runs, w)})"}
+    for key, g in best.groupby(GROUP_KEY, sort=False):
+        w = str(key[0])
+        row: dict[str, Any] = {"workload (setting)": _setting(runs, w, str(key[2]))}
         for m in ("mean", "p99"):
-            b = best[(best["workload"] == w) & (best["metric"] == m)].iloc[0]
+            b = g[g["metric"] == m].iloc[0]
             row[f"strongest other: {m}"] = f"{b['other_name']} {b['other_value']:.1f} s"
             row[f"{focus} {m}"] = cell_text(b)
-            row[f"vs all {b['n_others']} ({m}): win / tie / loss"] = (
-                f"{b['n_win']} / {b['n_tie']} / {b['n_loss']}"
+            row[f"vs every other ({m}): win / tie / loss"] = (
+                f"{b['n_win']} / {b['n_tie']} / {b['n_loss']} of {b['n_others']}"
             )
-        paper = PAPER_REDUCTIONS.get(w)
-        row["paper (mean / p99)"] = (
-            f"{100 * paper[0]:.1f}% / {100 * paper[1]:.1f}%" if paper else "-"
-        )
-        records.append(row)
-    cols = ["workload (rate /s)", "strongest other: mean", f"{focus} mean"]
-    cols += [c for c in records[0] if c.startswith("vs all") and "(mean)" in c]
-    cols += ["strongest other: p99", f"{focus} p99"]
-    cols += [c for c in records[0] if c.startswith("vs all") and "(p99)" in c]
-    cols += ["paper (mean / p99)"]
-    records = [{c: r.get(c, "-") for c in cols} for r in records]
-    return _md(records) + _caption(runs, len(table), "the focus against every other")
+        if paper == "yes":
+            ref = PAPER_REDUCTIONS.get(w)
+            row["paper (mean / p99)"] = f"{100 * ref[0]:.1f}% / {100 * ref[1]:.1f}%" if ref else "-"
+        records.append((w, row))
+    order = _workload_order([w for w, _ in records])
+    records.sort(key=lambda wr: order.index(wr[0]))  # stable: a workload's settings in order
+    rows = [r for _, r in records]
+    cols = ["workload (setting)"] + [
+        c for m in ("mean", "p99") for c in (f"strongest other: {m}", f"{focus} {m}",
+                                             f"vs every other ({m}): win / tie / loss")
+    ] + (["paper (mean / p99)"] if paper == "yes" else [])  # fmt: skip
+    return _md([{c: r[c] for c in cols} for r in rows]) + _caption(
+        runs, len(table), f"{focus} against every other"
+    )
+
+
+def _setting(runs: pd.DataFrame, workload: str, label: str) -> str:
+    """A workload's row name: its rate, and what else tells its settings apart."""
+    mine = runs[runs["workload"] == workload]
+    g = mine[mine["group_label"] == label].iloc[0]
+    parts = [f"{float(g['rate_per_s']):.4g}/s"]
+    if mine["max_tokens"].nunique() > 1:
+        parts.append(str(g["max_tokens"]))
+    return f"{workload} ({', '.join(parts)})"
 
 
 def _caption(runs: pd.DataFrame, cells: int, what: str) -> str:
