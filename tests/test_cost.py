@@ -19,7 +19,7 @@ from topas_bench.runners.sim.cost import (
     preset_names,
 )
 
-PACKAGED = ["a100-qwen32b", "h100-llama8b", "h200-llama8b"]
+PACKAGED = ["a100-qwen32b", "h100-llama8b", "h200-llama8b", "h200-qwen32b"]
 
 #: SGLang's CI decode anchor runs `bench_one_batch --batch-size 1 --input 128 --output 8`
 #: (python/sglang/test/test_utils.py), so a decode step sees ~132 tokens of context.
@@ -123,7 +123,7 @@ def test_unknown_preset_lists_known_names() -> None:
     with pytest.raises(UnknownNameError) as info:
         load_preset("x")
     assert str(info.value) == (
-        "unknown preset 'x'; known: a100-qwen32b, h100-llama8b, h200-llama8b "
+        "unknown preset 'x'; known: a100-qwen32b, h100-llama8b, h200-llama8b, h200-qwen32b "
         "(or a path to a preset .toml file)"
     )
 

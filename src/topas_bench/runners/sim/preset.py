@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import textwrap
 import tomllib
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
@@ -233,26 +234,61 @@ def preset_toml(
     preset: Preset,
     header: Sequence[str] = (),
     comments: dict[str, str] | None = None,
+    base: Preset | None = None,
 ) -> str:
     """A preset file (the packaged files' schema) with every field of ``preset``: ``header``
-    lines become comments at the top, ``comments["section.key"]`` (or ``["name"]``) an
-    end-of-line comment."""
-    notes = comments or {}
+    lines become comments at the top (wrapped), ``comments["section.key"]`` (or ``["name"]``)
+    an end-of-line comment; a key without one keeps the comment it has in ``base``'s file
+    when its value is the same there."""
+    notes = {**_file_comments(base), **(comments or {})} if base else dict(comments or {})
 
-    def line(where: str, key: str, value: object) -> str:
-        text = f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value!r}"
+    def line(where: str, key: str, value: Any) -> str:
+        if isinstance(value, str):
+            text = f'{key} = "{value}"'
+        else:  # an int stays one; a float (or numpy scalar) is written as its shortest repr
+            text = f"{key} = {value if isinstance(value, int) else float(value)!r}"
         note = notes.get(f"{where}.{key}" if where else key)
         return f"{text:<27} # {note}" if note else text
 
     def section(where: str, obj: Any) -> list[str]:
         return ["", f"[{where}]", *(line(where, f.name, getattr(obj, f.name)) for f in fields(obj))]
 
-    out = [f"# {h}".rstrip() for h in header]
+    out = [f"# {w}" for h in header for w in textwrap.wrap(h, 96)]
     out += [line("", "name", preset.name), line("", "description", preset.description)]
     out += section("gpu", preset.gpu) + section("model", preset.model)
     out += section("efficiency", preset.efficiency)
     out += ["", "[serving]", line("serving", "mem_fraction_static", preset.mem_fraction_static)]
     return "\n".join([*out, ""])
+
+
+def _file_comments(preset: Preset) -> dict[str, str]:
+    """``section.key`` -> the end-of-line comment of the key in ``preset``'s file, for the keys
+    whose value there is the preset's (a preset without a readable file: none)."""
+    try:
+        text = Path(preset.source or "").read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    values = asdict(preset)
+    out: dict[str, str] = {}
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+            continue
+        key, eq, rest = line.partition("=")
+        value, hash_, note = rest.partition("#")
+        if not (eq and hash_ and note.strip()):
+            continue
+        key = key.strip()
+        try:
+            parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            continue
+        table = values.get(section, values) if section else values
+        if isinstance(table, dict) and table.get(key) == parsed:
+            out[f"{section}.{key}" if section else key] = note.strip()
+    return out
 
 
 def load_preset_file(path: str | os.PathLike[str]) -> Preset:
