@@ -151,8 +151,8 @@ def calibrate(
     if profile:
         if log is not None:
             raise TopasError("give a server log or --profile, not both")
-        _calibrate_profile(profile, shape, base, output, name, hold_out or [], gemm_tflops,
-                           copy_tbps, vocab, check)  # fmt: skip
+        _calibrate_profile(profile, shape, preset, base, output, name, hold_out or [],
+                           gemm_tflops, copy_tbps, vocab, check)  # fmt: skip
         return
     if log is None or output is None:
         raise TopasError("give a server log and -o FILE (or --profile FILE --shape NAME)")
@@ -177,6 +177,7 @@ def calibrate(
 def _calibrate_profile(
     paths: list[Path],
     shape: str | None,
+    preset_spec: str,
     base: Preset,
     output: Path | None,
     name: str | None,
@@ -236,6 +237,13 @@ def _calibrate_profile(
     typer.echo(f"absolute error of the GPU time, {base.name} before and fitted after:")
     typer.echo(render_rows(fit.rows()))
     assert output is not None
-    command = shlex.join(["topas-bench", *sys.argv[1:]])
+    argv = ["topas-bench", "calibrate", *(a for p in paths for a in ("--profile", str(p)))]
+    argv += ["--shape", shape, "--preset", preset_spec]
+    for flag, value in (("--vocab", vocab), ("--gemm-tflops", gemm_tflops),
+                        ("--copy-tbps", copy_tbps)):  # fmt: skip
+        argv += [flag, f"{value:g}"] if value is not None else []
+    argv += [a for rule_spec in hold_out for a in ("--hold-out", rule_spec)]
+    argv += ["--name", name] if name else []
+    command = shlex.join([*argv, "-o", str(output)])
     output.write_text(fitted_toml(fit, name or output.stem, command))
     typer.echo(f"wrote {output}")

@@ -259,7 +259,8 @@ def fitted_toml(fit: ClockFit, name: str, command: str) -> str:
     )
     header = [
         f"Calibrated to a GPU iteration profile (shape {fit.points[0].shape}, "
-        f"{fit.points[0].timing} times) by `{command}`.",
+        f"{fit.points[0].timing} times) by:",
+        f"  {command}",
         f"Absolute error of the GPU time: {errors}.",
         f"Bounds: {fit.bounds.why}.",
         f"c_step_us and c_req_us are the base's ({fit.base.name}): host time, which a GPU "

@@ -236,10 +236,12 @@ def preset_toml(
     comments: dict[str, str] | None = None,
     base: Preset | None = None,
 ) -> str:
-    """A preset file (the packaged files' schema) with every field of ``preset``: ``header``
-    lines become comments at the top (wrapped), ``comments["section.key"]`` (or ``["name"]``)
-    an end-of-line comment; a key without one keeps the comment it has in ``base``'s file
-    when its value is the same there."""
+    """A preset file (the packaged files' schema) with every field of ``preset``.
+
+    ``header`` lines become comments at the top (wrapped, but for lines that start with two
+    spaces); ``comments["section.key"]`` (or ``["name"]``) an end-of-line comment; a key
+    without one keeps the comment it has in ``base``'s file when its value is the same there.
+    """
     notes = {**_file_comments(base), **(comments or {})} if base else dict(comments or {})
 
     def line(where: str, key: str, value: Any) -> str:
@@ -253,7 +255,7 @@ def preset_toml(
     def section(where: str, obj: Any) -> list[str]:
         return ["", f"[{where}]", *(line(where, f.name, getattr(obj, f.name)) for f in fields(obj))]
 
-    out = [f"# {w}" for h in header for w in textwrap.wrap(h, 96)]
+    out = [f"# {w}" for h in header for w in ([h] if h.startswith("  ") else textwrap.wrap(h, 96))]
     out += [line("", "name", preset.name), line("", "description", preset.description)]
     out += section("gpu", preset.gpu) + section("model", preset.model)
     out += section("efficiency", preset.efficiency)
