@@ -1,5 +1,6 @@
-"""CLI commands of the SGLang engine: `serve` and `calibrate` (`run --engine sglang` is a hook in
-the `run` command that builds `SglangOptions`)."""
+"""CLI commands for real GPUs: `serve` and `calibrate` of the SGLang engine, and `profile`, which
+measures a GPU for `calibrate --profile` (`run --engine sglang` is a hook in the `run` command
+that builds `SglangOptions`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def register(app: typer.Typer) -> None:
         handles_errors(serve)
     )
     app.command()(handles_errors(calibrate))
+    app.command()(handles_errors(profile))
 
 
 def serve(
@@ -247,3 +249,44 @@ def _calibrate_profile(
     command = shlex.join([*argv, "-o", str(output)])
     output.write_text(fitted_toml(fit, name or output.stem, command))
     typer.echo(f"wrote {output}")
+
+
+def profile(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Profile file to write (JSONL).")],
+    preset: Annotated[
+        str, typer.Option(help="Preset whose model shape to build (random weights).")
+    ] = "h200-llama8b",
+    vocab: Annotated[
+        int | None,
+        typer.Option(help="Vocabulary size, for a preset that does not split it out."),
+    ] = None,
+    tiny: Annotated[
+        bool, typer.Option("--tiny", help="A tiny shape on the CPU: checks the code path only.")
+    ] = False,
+    graphs: Annotated[
+        bool, typer.Option("--graphs/--no-graphs", help="Also time replayed CUDA graphs.")
+    ] = True,
+    reps: Annotated[int, typer.Option(help="Timed repetitions per point (median kept).")] = 5,
+) -> None:
+    """Time prefill and decode iterations of a preset's model shape on this GPU; write a profile.
+
+    Needs torch (its CUDA build). The profile (docs/gpu.md, "The iteration profile format") holds
+    the GPU's GEMM and copy peak checks, and each point's eager and CUDA-graph times; fit it with
+    `topas-bench calibrate --profile FILE --shape NAME --preset NAME -o FILE`. About 10 minutes
+    for an 8B model on an H200.
+
+    Examples:
+      topas-bench profile --preset h200-llama8b -o h200-llama8b-profile.jsonl
+      topas-bench profile --tiny -o /tmp/tiny.jsonl
+    """
+    from topas_bench.errors import TopasError
+    from topas_bench.runners.sim.cost import load_preset
+    from topas_bench.runners.sim.gpu_profiler import TINY, Shape
+    from topas_bench.runners.sim.gpu_profiler import profile as run_profile
+
+    if reps < 1:
+        raise TopasError("--reps must be at least 1")
+    shape = TINY if tiny else Shape.from_preset(load_preset(preset), vocab)
+    timed = run_profile(shape, output, "cpu" if tiny else "cuda", graphs, reps,
+                        echo=lambda line: typer.echo(line, err=True))  # fmt: skip
+    typer.echo(f"{shape.name}: {timed} points timed; wrote {output}")

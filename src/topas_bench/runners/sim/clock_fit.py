@@ -200,7 +200,7 @@ def _with_vocab(base: Preset, profile: Profile, vocab: int | None) -> Preset:
     vocab = vocab or info.get("vocab")
     if not vocab or m.embedding_params_b or m.lm_head_params_b:
         return base
-    matrix_b = round(vocab * m.hidden / 1e9, 4)
+    matrix_b = round(vocab * m.hidden / 1e9, 6)
     emb = 0.0 if info.get("tied") else matrix_b
     return replace(base, model=replace(m, embedding_params_b=emb, lm_head_params_b=matrix_b))
 
