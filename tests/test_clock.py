@@ -5,8 +5,11 @@ presets it made (docs/fidelity.md, "Clock")."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -208,3 +211,35 @@ def test_profile_lines_are_json_objects() -> None:
     for path in (GRAPHS, EAGER):
         for line in path.read_text().splitlines():
             assert isinstance(json.loads(line), dict)
+
+
+def _clock_report() -> Any:
+    spec = importlib.util.spec_from_file_location("clock_report", ROOT / "scripts/clock_report.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_hold_the_error_tables_the_tool_computes() -> None:
+    """docs/fidelity.md's clock tables are results/gpu/clock.md's, which is what
+    scripts/clock_report.py computes from the committed profile and presets now."""
+    text = _clock_report().tables()
+    assert (GPU / "clock.md").read_text() == text, "rerun python scripts/clock_report.py"
+    docs = (ROOT / "docs" / "fidelity.md").read_text()
+    tables = re.findall(r"(\| region \|.*?)(?:\n\n|\n$)", text, re.S)
+    assert len(tables) == 4
+    for table in tables:
+        assert table in docs
+
+
+def test_docs_terms_table_is_the_presets() -> None:
+    docs = (ROOT / "docs" / "fidelity.md").read_text()
+    llama, qwen = load_preset("h200-llama8b"), load_preset("h200-qwen32b")
+    for term in ("eta_attn", "ridge_frac", "c_req_layer_us", "embedding_params_b",
+                 "lm_head_params_b"):  # fmt: skip
+        (row,) = [line for line in docs.splitlines() if line.startswith(f"| `{term}` |")]
+        cells = [c.strip() for c in row.split("|")]
+        section = "model" if term.endswith("_b") else "efficiency"
+        got = [float(cells[4]), float(cells[5])]
+        assert got == [getattr(getattr(p, section), term) for p in (llama, qwen)], term
