@@ -243,3 +243,15 @@ def test_docs_terms_table_is_the_presets() -> None:
         section = "model" if term.endswith("_b") else "efficiency"
         got = [float(cells[4]), float(cells[5])]
         assert got == [getattr(getattr(p, section), term) for p in (llama, qwen)], term
+
+
+def test_docs_hold_the_sensitivity_summary() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "clock_sensitivity", ROOT / "scripts/clock_sensitivity.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = module.summary()
+    assert (ROOT / "results/clock-sensitivity/summary.md").read_text() == text
+    assert text.rstrip("\n") in (ROOT / "docs" / "fidelity.md").read_text()
