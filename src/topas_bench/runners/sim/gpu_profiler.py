@@ -45,6 +45,13 @@ class Shape:
     vocab: int
     tied: bool = False
 
+    @property
+    def params(self) -> int:
+        """Parameters of the weights built (norms aside)."""
+        q, kv = self.q_heads * self.head_dim, self.kv_heads * self.head_dim
+        layer = self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate
+        return self.layers * layer + (1 if self.tied else 2) * self.vocab * self.hidden
+
     @classmethod
     def from_preset(cls, preset: Preset, vocab: int | None = None) -> Shape:
         """The preset's model: hidden = heads x head_dim, the vocabulary from its LM head (or
@@ -276,8 +283,16 @@ def profile(
     dtype = torch.bfloat16 if cuda else torch.float32
     prefills, decodes = points or grid(shape == TINY)
     need = max([sum(c + n for c, n in it) for it in prefills] + [b * (c + 1) for b, c in decodes])
-    kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * (2 if cuda else 4)
-    pool = need if not cuda else min(need, int(0.5 * torch.cuda.mem_get_info()[0] / kv_bytes))
+    elem = 2 if cuda else 4
+    kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * elem
+    if cuda:  # the KV pool takes 60% of what the weights leave; the rest is for activations
+        room = torch.cuda.mem_get_info()[0] - shape.params * elem
+        pool = min(need, int(0.6 * room / kv_bytes))
+        if pool <= 0:
+            raise TopasError(f"{shape.name}: the weights ({shape.params * elem / 1e9:.1f} GB) "
+                             "leave no room on this GPU")  # fmt: skip
+    else:
+        pool = need
     timed = 0
     with out.open("w") as f:
 
