@@ -255,3 +255,16 @@ def test_docs_hold_the_sensitivity_summary() -> None:
     text = module.summary()
     assert (ROOT / "results/clock-sensitivity/summary.md").read_text() == text
     assert text.rstrip("\n") in (ROOT / "docs" / "fidelity.md").read_text()
+
+
+def test_log_calibration_keeps_the_newer_terms_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "cal.toml"
+    log = ROOT / "docs" / "examples" / "server.log"
+    res = CliRunner().invoke(app, ["calibrate", str(log), "--preset", "h200-llama8b", "-o",
+                                   str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "eta_attn, ridge_frac and c_req_layer_us are kept" in res.output
+    base, fitted = load_preset("h200-llama8b"), load_preset_file(out)
+    for name in ("eta_attn", "ridge_frac", "c_req_layer_us"):
+        assert getattr(fitted.efficiency, name) == getattr(base.efficiency, name)
+    assert fitted.model == base.model
