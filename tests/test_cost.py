@@ -19,7 +19,7 @@ from topas_bench.runners.sim.cost import (
     preset_names,
 )
 
-PACKAGED = ["a100-qwen32b", "h100-llama8b", "h200-llama8b"]
+PACKAGED = ["a100-qwen32b", "h100-llama8b", "h200-llama8b", "h200-qwen32b"]
 
 #: SGLang's CI decode anchor runs `bench_one_batch --batch-size 1 --input 128 --output 8`
 #: (python/sglang/test/test_utils.py), so a decode step sees ~132 tokens of context.
@@ -123,7 +123,7 @@ def test_unknown_preset_lists_known_names() -> None:
     with pytest.raises(UnknownNameError) as info:
         load_preset("x")
     assert str(info.value) == (
-        "unknown preset 'x'; known: a100-qwen32b, h100-llama8b, h200-llama8b "
+        "unknown preset 'x'; known: a100-qwen32b, h100-llama8b, h200-llama8b, h200-qwen32b "
         "(or a path to a preset .toml file)"
     )
 
@@ -204,3 +204,39 @@ def test_bad_preset_path_is_one_line_naming_the_file(
         load_preset(str(path))
     assert str(path) in str(info.value) and message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_fast_decode_path_is_bit_identical_to_single_steps(name: str) -> None:
+    """`decode_steps_s` (the simulator's closed-form decode runs) equals `decode_step_s` step
+    for step, bit for bit, on every preset: the original roofline and the calibrated form."""
+    model = cost(name)
+    for batch, context, steps in ((1, 1, 300), (8, 10_000, 500), (256, 256 * 513, 64)):
+        fast = model.decode_steps_s(batch, context, steps)
+        slow = [model.decode_step_s(batch, context + batch * i) for i in range(steps)]
+        assert fast.tolist() == slow
+
+
+def test_original_model_is_unchanged() -> None:
+    """a100-qwen32b's iteration times as the model computed them before issue 31's terms (they
+    default to 0, the original form), to the last bit."""
+    model = cost("a100-qwen32b")
+    assert model.prefill_s([(0, 2048)]) == 0.7336732186256409
+    assert model.prefill_s([(4000, 500), (0, 100)]) == 0.2271025415384615
+    assert model.decode_step_s(8, 10_000) == 0.04916684235786011
+    assert model.decode_step_s(1, 132) == 0.04682935281129094
+
+
+def test_calibrated_form_charges_attention_apart_and_rounds_the_ridge() -> None:
+    preset = load_preset("h200-llama8b")
+    e = preset.efficiency
+    assert e.eta_attn > 0 and e.ridge_frac > 0
+    sharp = CostModel(dataclasses.replace(preset, efficiency=dataclasses.replace(e, ridge_frac=0)))
+    none = CostModel(dataclasses.replace(preset, efficiency=dataclasses.replace(e, ridge_frac=1)))
+    smooth = CostModel(preset)
+    for batch in (1, 64, 256):  # the GEMMs' ridge is near 200 requests on an H200
+        ctx = batch * 513
+        assert sharp.decode_step_s(batch, ctx) < smooth.decode_step_s(batch, ctx)
+        assert smooth.decode_step_s(batch, ctx) < none.decode_step_s(batch, ctx)
+    # a long cached prefix costs its attention at eta_attn, below eta_c
+    assert smooth.prefill_s([(32768, 512)]) > sharp.prefill_s([(0, 512)]) * 2

@@ -51,6 +51,7 @@ import pandas as pd
 from topas_bench.errors import TopasError
 from topas_bench.runners.records import TIMELINE_COLUMNS
 from topas_bench.runners.sim.cost import CostModel, Efficiency, Preset
+from topas_bench.runners.sim.preset import preset_toml as write_preset
 
 _TIME = r"\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})[^\]]*\]\s+"
 PREFILL = re.compile(
@@ -200,6 +201,12 @@ def fit(
         overhead = fixed_s + c_req_us * 1e-6 * p["seqs"]
         compute_s = (p["duration_s"] - overhead).clip(lower=1e-9)
         eta_c = _fraction(float(np.median(flops / (g.peak_tflops * 1e12 * compute_s))), e.eta_c)
+    if e.eta_attn or e.ridge_frac or e.c_req_layer_us:
+        warnings.append(
+            "the log fit reads decode steps as the original memory-bound line and prefills at "
+            "eta_c; the base's eta_attn, ridge_frac and c_req_layer_us are kept as they are "
+            "(a GPU profile fits them: `calibrate --profile`)"
+        )
     eff = replace(e, eta_c=eta_c, eta_w=eta_w.value, eta_kv=eta_kv.value, c_req_us=c_req_us)
     cost = CostModel(replace(preset, efficiency=eff))
     dec_err = [
@@ -273,24 +280,13 @@ def preset_toml(
     preset: Preset, eff: Efficiency, name: str, source: str, notes: Sequence[str] = ()
 ) -> str:
     """A preset file (the packaged presets' schema) with the fitted `[efficiency]`; `notes`
-    become comment lines under the header."""
-    g, m = preset.gpu, preset.model
-    return "\n".join([
-        f"# Calibrated by `topas-bench calibrate` from {source}, starting from {preset.name}.",
-        *(f"# {line}" for line in notes),
-        f'name = "{name}"',
-        f'description = "{preset.description} (calibrated)"',
-        "", "[gpu]", f'name = "{g.name}"', f"peak_tflops = {g.peak_tflops}",
-        f"hbm_tbps = {g.hbm_tbps}", f"memory_gb = {g.memory_gb}",
-        f"host_link_gbps = {g.host_link_gbps}",
-        "", "[model]", f'name = "{m.name}"', f"params_b = {m.params_b}",
-        f"n_layers = {m.n_layers}", f"n_q_heads = {m.n_q_heads}", f"n_kv_heads = {m.n_kv_heads}",
-        f"head_dim = {m.head_dim}", f"weight_gb = {m.weight_gb}",
-        "", "[efficiency]", f"eta_c = {eff.eta_c}", f"eta_w = {eff.eta_w}",
-        f"eta_kv = {eff.eta_kv}", f"c_step_us = {eff.c_step_us}", f"c_layer_us = {eff.c_layer_us}",
-        f"c_req_us = {eff.c_req_us}",
-        "", "[serving]", f"mem_fraction_static = {preset.mem_fraction_static}", "",
-    ])  # fmt: skip
+    become comment lines under the header. Every other field, the newer terms included, is the
+    base preset's."""
+    header = [f"Calibrated by `topas-bench calibrate` from {source}, starting from {preset.name}."]
+    fitted = replace(
+        preset, name=name, description=f"{preset.description} (calibrated)", efficiency=eff
+    )
+    return write_preset(fitted, [*header, *notes], base=preset)
 
 
 def timeline_from_log(text: str) -> pd.DataFrame:
