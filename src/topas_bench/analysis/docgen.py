@@ -119,9 +119,10 @@ def _seeds(runs: pd.DataFrame) -> str:
 
 
 def _label(name: str, rows: pd.DataFrame) -> str:
-    """A scheduler's label in a table: its name, marked `(tuned)` where its tuned form ran."""
-    tuned = (rows["other_variant"] == "tuned").any() if "other_variant" in rows else False
-    return f"{name} (tuned)" if tuned else name
+    """A scheduler's label in a table: its name, and the form that stood for it where that
+    was its tuned one (per metric: the better of its forms)."""
+    forms = sorted(set(rows["other_variant"])) if "other_variant" in rows else []
+    return f"{name} ({'/'.join(forms)})" if forms and forms != ["default"] else name
 
 
 # -- blocks -----------------------------------------------------------------------------------

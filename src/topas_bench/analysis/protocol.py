@@ -6,9 +6,11 @@ Everything here reads one row per run (a `collect.Collection`'s `runs`, or the c
 `runs.csv.gz` a report writes, `COMPACT`), so the tables of the docs are rebuilt from committed
 files without the run trees. A group is the runs of one `GROUP_KEY`; within it, a scheduler
 may have run with its defaults and with tuned parameters (`Tuned`, the file `topas-bench tune`
-writes): its *representative* in a table is the tuned variant where there is one, else its
-defaults. So every scheduler enters the comparison in its best known form, and the defaults
-stay visible beside it (`tuning_table`).
+writes): its *representative* is the tuned variant where there is one, else its defaults.
+The focus and its ablations run in their representative forms (chosen on the tuning seeds
+alone, so that an ablation differs from the focus in exactly its lever); every other scheduler
+in the better of its tuned and default forms per setting and metric (`versus`), which can only
+flatter it; the defaults stay visible beside the tuned forms (`tuning_table`).
 """
 
 from __future__ import annotations
@@ -95,18 +97,29 @@ def _judge(rows: list[dict[str, Any]], cells: list[Paired]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _pair_rows(
-    runs: pd.DataFrame,
-    pick: Callable[[pd.DataFrame, dict[str, str]], list[tuple[str, str, str, str]]],
-) -> pd.DataFrame:
-    """Every (focus label, other label) pair `pick` names per group, for each metric, judged
-    as one table. `pick` gives (focus label, other label, other name, role) tuples."""
+Pick = Callable[[pd.DataFrame, dict[str, str]], list[tuple[str, tuple[str, ...], str, str]]]
+
+
+def forms(g: pd.DataFrame, name: str) -> tuple[str, ...]:
+    """The labels a scheduler ran under in a group, tuned and default forms (custom ones only
+    where it has neither)."""
+    d = g[g["scheduler_name"] == name]
+    plain = d[d["variant"].isin(("tuned", "default"))]
+    return tuple(sorted(set((plain if not plain.empty else d)["scheduler"])))
+
+
+def _pair_rows(runs: pd.DataFrame, pick: Pick) -> pd.DataFrame:
+    """Every pair `pick` names per group, for each metric, judged as one table. `pick` gives
+    (focus label, the other's candidate labels, other name, role): of several candidates the
+    one with the lower mean over the group's seeds on that metric stands for the other."""
     rows: list[dict[str, Any]] = []
     cells: list[Paired] = []
     for key, g in _groups(runs):
         reps = representatives(g)
-        for focus_label, other_label, other_name, role in pick(g, reps):
+        for focus_label, candidates, other_name, role in pick(g, reps):
             for metric, col in METRICS.items():
+                means = {c: float(g[g["scheduler"] == c][col].mean()) for c in candidates}
+                other_label = min(means, key=lambda c: (means[c], c))
                 c = _cell(g, focus_label, other_label, col)
                 fv = g[g["scheduler"] == focus_label][col].mean()
                 ov = g[g["scheduler"] == other_label][col].mean()
@@ -123,15 +136,17 @@ def _pair_rows(
 
 
 def versus(runs: pd.DataFrame, focus: str = "topas", tuned: Tuned | None = None) -> pd.DataFrame:
-    """The focus (its representative) against every other scheduler's representative, per
-    group and metric: one table, one Holm family. Variants of the focus are left out (they
-    are `levers`)."""
+    """The focus against every other scheduler, per group and metric: one table, one Holm
+    family. The focus runs in its representative form (tuned where it has one: chosen on the
+    tuning seeds alone); another scheduler in the better of its tuned and default forms on
+    that setting and metric, picked on the evaluation seeds themselves, which can only flatter
+    it. Variants of the focus are left out (they are `levers`)."""
     runs = with_variants(runs, tuned)
 
-    def pick(g: pd.DataFrame, reps: dict[str, str]) -> list[tuple[str, str, str, str]]:
+    def pick(g: pd.DataFrame, reps: dict[str, str]) -> list[tuple[str, tuple[str, ...], str, str]]:
         if focus not in reps:
             return []
-        return [(reps[focus], label, name, "other") for name, label in reps.items()
+        return [(reps[focus], forms(g, name), name, "other") for name in reps
                 if not is_family(name, focus)]  # fmt: skip
 
     return _pair_rows(runs, pick)
@@ -144,10 +159,10 @@ def levers(
     both in their representative form; margin > 0: the lever helps. One Holm family."""
     runs = with_variants(runs, tuned)
 
-    def pick(g: pd.DataFrame, reps: dict[str, str]) -> list[tuple[str, str, str, str]]:
+    def pick(g: pd.DataFrame, reps: dict[str, str]) -> list[tuple[str, tuple[str, ...], str, str]]:
         if focus not in reps:
             return []
-        return [(reps[focus], reps[a], a, "ablation") for a in ablations if a in reps]
+        return [(reps[focus], (reps[a],), a, "ablation") for a in ablations if a in reps]
 
     return _pair_rows(runs, pick)
 
@@ -157,12 +172,12 @@ def tuning_table(runs: pd.DataFrame, tuned: Tuned | None) -> pd.DataFrame:
     group and metric. One Holm family."""
     runs = with_variants(runs, tuned)
 
-    def pick(g: pd.DataFrame, reps: dict[str, str]) -> list[tuple[str, str, str, str]]:
-        out = []
+    def pick(g: pd.DataFrame, reps: dict[str, str]) -> list[tuple[str, tuple[str, ...], str, str]]:
+        out: list[tuple[str, tuple[str, ...], str, str]] = []
         for name, d in g.groupby("scheduler_name", sort=False):
-            kinds = dict(zip(d["variant"], d["scheduler"], strict=False))
+            kinds = {str(v): str(s) for v, s in zip(d["variant"], d["scheduler"], strict=True)}
             if "tuned" in kinds and "default" in kinds:
-                out.append((kinds["tuned"], kinds["default"], str(name), "tuning"))
+                out.append((kinds["tuned"], (kinds["default"],), str(name), "tuning"))
         return out
 
     return _pair_rows(runs, pick)
