@@ -514,7 +514,49 @@ def capability(root: Path, dir: str) -> str:
     )
 
 
+def _said(r: pd.Series) -> str:
+    """``a win, +14.3% [+8.4, +20.5] over routing-key`` for a verdict row."""
+    word = {"win": "a win", "loss": "a loss", "tie": "a tie"}[str(r["verdict"])]
+    form = " (tuned)" if r.get("other_variant") == "tuned" else ""
+    return f"{word}, {pct(r['margin'], r['lo'], r['hi'])} over {r['other_name']}{form}"
+
+
+def summary(root: Path, dir: str, focus: str = "topas", without: str = "topas-no-preempt",
+            pins: str = NO_PINS) -> str:  # fmt: skip
+    """One line per workload of a report: the focus against the strongest other (mean, p99)
+    with its verdicts against every other, then without preemption, then the residency lever."""
+    runs = runs_of(root, dir)
+    full = best_others(versus(runs, focus))
+    plain = best_others(versus(runs, without)) if without in set(runs["scheduler_name"]) else None
+    present = [a for a in ABLATIONS if a in set(runs["scheduler_name"])]
+    lever = levers(runs, present, focus)  # the lever table's own family
+    what = {pins: f"residency (against {pins})", without: f"preemption (against {without})"}
+    lines = []
+    for w in _workload_order(list(full["workload"].unique())):
+        f = {m: full[(full["workload"] == w) & (full["metric"] == m)].iloc[0] for m in ("mean",
+             "p99")}  # fmt: skip
+        text = (
+            f"- **{w}**: mean JCT {_said(f['mean'])}; p99 {_said(f['p99'])}. Against all "
+            f"{f['mean']['n_others']} others: {f['mean']['n_win']} wins, {f['mean']['n_loss']} "
+            f"losses on the mean, {f['p99']['n_win']} wins, {f['p99']['n_loss']} losses on the p99."
+        )
+        if plain is not None:
+            p = plain[(plain["workload"] == w) & (plain["metric"] == "mean")].iloc[0]
+            text += f" Without preemption ({without}), mean: {_said(p)}."
+        lv = lever[(lever["workload"] == w) & (lever["metric"] == "mean")]
+        for _, r in lv[lv["other_name"].isin(list(what))].iterrows():
+            margin = pct(r["margin"], r["lo"], r["hi"])
+            text += f" The lever {what[str(r['other_name'])]}, mean: {r['verdict']}, {margin}."
+        lines.append(text)
+    return "\n".join(lines) + (
+        f"\n\n(Seeds {_seeds(runs)}; verdicts Holm-corrected within each table of the sections "
+        "below: the focus against every other, the non-preempting variant against every other, "
+        "the focus against its ablations.)\n"
+    )
+
+
 BLOCKS: dict[str, Callable[..., str]] = {
+    "summary": summary,
     "capability": capability,
     "changes": changes,
     "changes-regime": changes_regime,
