@@ -61,7 +61,7 @@ def write_one(
     tasks = pd.DataFrame({
         "task_id": [f"t{i:04d}" for i in range(len(jcts))], "workflow": workload,
         "arrival_s": arrival, "finish_s": [a + j for a, j in zip(arrival, jcts, strict=True)],
-        "jct_s": [float(j) for j in jcts], "stages": 3, "attained_s": 1.0,
+        "jct_s": [float(j) for j in jcts], "stages": 3, "attained_s": [float(j) for j in jcts],
     })  # fmt: skip
     timeline = pd.DataFrame(
         [(0.0, "prefill", 1, 1.0, 1, 100, 5000, 4000, 1000, 2, "A", 1),

@@ -35,10 +35,11 @@ def run_cell(
     *,
     force: bool = False,
     on_task_done: Callable[[int], None] | None = None,
+    compact: bool = False,
 ) -> CellResult:
     """One scheduler of `plan` (`run_cells`); `on_task_done(n)` as its tasks finish."""
     progress = None if on_task_done is None else lambda _, done: on_task_done(done)
-    return run_cells(plan, [scheduler], force=force, progress=progress)[0]
+    return run_cells(plan, [scheduler], force=force, progress=progress, compact=compact)[0]
 
 
 def run_cells(
@@ -47,10 +48,12 @@ def run_cells(
     *,
     force: bool = False,
     progress: CellProgress | None = None,
+    compact: bool = False,
 ) -> list[CellResult]:
     """Every scheduler's cell of `plan`, in order: the stored result of a cell with the same
     identity and workload sample, unless `force`; else served by the plan's engine, all
-    pending cells in one call (`progress(i, done)` counts the i-th pending cell's tasks)."""
+    pending cells in one call (`progress(i, done)` counts the i-th pending cell's tasks).
+    `compact` stores new cells' tables smaller (`results.write_run`)."""
     digest = workload_digest(plan.workload)
     results: dict[str, CellResult] = {}
     pending: list[Cell] = []
@@ -65,11 +68,13 @@ def run_cells(
     if pending:
         served = ENGINES.get(plan.engine).server().serve(plan, pending, progress)
         for cell, out in zip(pending, served, strict=True):
-            results[cell.scheduler] = _store(plan, cell, out, digest)
+            results[cell.scheduler] = _store(plan, cell, out, digest, compact)
     return [results[name] for name in schedulers]
 
 
-def _store(plan: RunPlan, cell: Cell, served: Served, digest: str) -> CellResult:
+def _store(
+    plan: RunPlan, cell: Cell, served: Served, digest: str, compact: bool = False
+) -> CellResult:
     """Write a served cell (docs/design.md section 8): the tasks with their unloaded JCT (for
     goodput; a real server's is the cost model's estimate), `run.json` with the summary,
     counters, times and the engine's own fields."""
@@ -96,7 +101,8 @@ def _store(plan: RunPlan, cell: Cell, served: Served, digest: str) -> CellResult
     # a real server's speed is unknown: only the client's own delays bound a JCT
     floor = no_floor if plan.options.real_server else cost_floor(CostModel(plan.preset))
     ident = plan.identity(cell.scheduler)
-    write_run(cell.run_dir, ident, tables, info, jct_floor_s=jct_floors(plan.workload, floor))
+    floors = jct_floors(plan.workload, floor)
+    write_run(cell.run_dir, ident, tables, info, jct_floor_s=floors, compact=compact)
     return CellResult(
         cell.scheduler, cell.run_dir, recorded["summary"], served.sim_time_s, served.wall_s,
         extra=served.extra,

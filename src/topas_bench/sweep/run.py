@@ -32,7 +32,7 @@ from topas_bench.experiment import measure_capacity, plan_run
 from topas_bench.harness import run_cell
 from topas_bench.plan import RunPlan, trace_digest, workload_digest
 from topas_bench.progress import Progress
-from topas_bench.results import TABLES, check_cell, is_finished
+from topas_bench.results import check_cell, is_finished
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.spec import RunSpec
 from topas_bench.sweep.executors import Executor, make_executor
@@ -111,30 +111,12 @@ def run_cell_job(job: CellJob) -> CellOutcome:
     name = str(job.plan_fields["workload_name"])
     try:
         plan = job.plan()
-        cell = run_cell(plan, job.scheduler, force=job.force)
-        if job.compact and not cell.cached:
-            compact_tables(cell.run_dir)
+        cell = run_cell(plan, job.scheduler, force=job.force, compact=job.compact)
     except Exception as e:  # a failing cell is data; the sweep goes on with the others
         where = traceback.extract_tb(e.__traceback__)[-1]
         msg = f"{type(e).__name__}: {e} ({Path(where.filename).name}:{where.lineno})"
-        return CellOutcome(name, job.scheduler, seed, "", error=msg)
+        return CellOutcome(name, job.scheduler, seed, "", error=" ".join(msg.split()))
     return CellOutcome(name, job.scheduler, seed, str(cell.run_dir), cell.wall_s, cell.cached)
-
-
-def compact_tables(run_dir: Path) -> None:
-    """Rewrite a finished run's tables losslessly smaller (zstd, byte-stream-split floats):
-    about a quarter less, for results that are committed. Each file is replaced atomically,
-    so the run stays whole at every moment; `run.json` is untouched."""
-    import pandas as pd
-
-    for name in TABLES:
-        path = run_dir / f"{name}.parquet"
-        df = pd.read_parquet(path)
-        floats = [c for c in df.columns if df[c].dtype.kind == "f"]
-        tmp = path.with_suffix(".parquet.tmp")
-        df.to_parquet(tmp, index=False, compression="zstd", compression_level=19,
-                      use_byte_stream_split=floats or False)  # fmt: skip
-        os.replace(tmp, path)
 
 
 def measure_capacity_job(job: CapacityJob) -> CapacityOutcome:
@@ -161,7 +143,7 @@ def run_sweep(
     allow_large: bool = False,
 ) -> SweepResult:
     """Run every cell of `specs` that has no finished result under `out` (all with `force`);
-    `compact` stores the tables smaller (`compact_tables`). A large sweep's memory and time
+    `compact` stores the tables smaller (`results.write_run`). A large sweep's memory and time
     are estimated before its workloads are sampled (`_check_size`); one too large for this
     machine is refused unless `allow_large`."""
     progress = progress or Progress()
@@ -184,7 +166,7 @@ def run_sweep(
                 traces[id(plan)] = (trace, trace_digest(trace))
             run_dir = plan.identity(scheduler).run_dir(out)
             if not force:
-                problem = check_cell(run_dir, traces[id(plan)][1])
+                problem = check_cell(run_dir, traces[id(plan)][1], require_digests=True)
                 if problem is None:
                     result.skipped += 1
                     continue
