@@ -103,7 +103,9 @@ def workloads_show(
 @handles_errors
 def workloads_export(
     name: Annotated[str, typer.Argument(help="Workload name or trace file.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write (JSONL).")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Trace file to write (JSONL).", readable=False)
+    ],
     tasks: Annotated[
         int | None,
         typer.Option("--tasks", "-n", help="Number of tasks (default: 200, as `run`)."),
@@ -173,7 +175,7 @@ def workloads_saturation(
 @workloads_app.command("validate")
 @lists_problems
 def workloads_validate(
-    path: Annotated[Path, typer.Argument(help="Trace file (JSONL).")],
+    path: Annotated[Path, typer.Argument(help="Trace file (JSONL).", readable=False)],
     kv_budget: Annotated[
         int | None,
         typer.Option("--kv-budget", help="Also check every call fits this KV budget (tokens)."),

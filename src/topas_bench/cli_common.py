@@ -101,10 +101,15 @@ handles_errors = _error_handler(list_problems=False)
 lists_problems = _error_handler(list_problems=True)
 
 
-def check_out_dir(path: Path, flag: str = "--out") -> Path:
+def check_out_dir(path: Path | str, flag: str = "--out") -> Path:
     """Fail before anything runs when `path` could not become a directory this process writes
-    to: it or an ancestor is a file, or the nearest existing one takes no new files. Creates
-    nothing that stays (a probe file comes and goes)."""
+    to: it is empty (a string as given: `--out ''` is no directory, though `Path('')` would be
+    the current one), it or an ancestor is a file, or the nearest existing one takes no new
+    files. Creates nothing that stays (a probe file comes and goes)."""
+    if isinstance(path, str):
+        if not path.strip():
+            raise TopasError(f"{flag} is empty; give a directory (`.` for the current one)")
+        path = Path(path)
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():

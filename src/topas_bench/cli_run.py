@@ -108,7 +108,9 @@ def run(
         list[str] | None,
         typer.Option("--router-param", help="Router parameter, key=value (repeatable)."),
     ] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs"),
+    out_dir: Annotated[
+        str, typer.Option("--out", metavar="<path>", help="Results directory.")
+    ] = "runs",
     force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
     allow_large: AllowLarge = False,
 ) -> None:
@@ -140,8 +142,9 @@ def run(
         "--endpoint": endpoint, "--sglang-arg": sglang_arg, "--server-python": server_python,
         "--router-python": router_python,
     })  # fmt: skip
+    names = parse_schedulers("all" if scheduler is None else scheduler)  # `-s ''` is no name
     spec = RunSpec(
-        workload=workload, schedulers=parse_schedulers(scheduler or "all"), num_tasks=tasks,
+        workload=workload, schedulers=names, num_tasks=tasks,
         seed=seed, rate_per_s=rate, load=load, preset=preset, kv_budget_tokens=kv_budget,
         workload_params=parse_assignments(workload_param or [], "--workload-param"),
         scheduler_params=parse_scheduler_params(scheduler_param or []),
@@ -168,7 +171,10 @@ def _listed(text: str | None, flag: str, kind: type[int] | type[float]) -> list[
 @handles_errors
 def sweep(
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Sweep file (TOML); flags override it.")
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Sweep file (TOML); flags override it.", readable=False
+        ),
     ] = None,
     workload: Annotated[
         str | None, typer.Option("--workload", "-w", help="Workloads, comma-separated.")
@@ -239,7 +245,8 @@ def sweep(
         ),
     ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Results directory (default: runs).")
+        str | None,
+        typer.Option("--out", metavar="<path>", help="Results directory (default: runs)."),
     ] = None,
     jobs: Annotated[
         int | None, typer.Option("--jobs", "-j", help="Local worker processes (default: cores).")
@@ -297,7 +304,7 @@ def sweep(
     outs = {o for _, o in specs if o is not None}
     if len(outs) > 1:
         raise TopasError(f"{source}: the sweeps name different `out` directories")
-    target = check_out_dir(out_dir or (Path(outs.pop()) if outs else Path("runs")))
+    target = check_out_dir(out_dir if out_dir is not None else (outs.pop() if outs else "runs"))
     with SweepBars(err) as bars:
         result = run_sweep(
             [s for s, _ in specs], target, jobs=jobs if jobs is not None else os.cpu_count() or 1,
@@ -367,8 +374,11 @@ def tune(
         bool, typer.Option(help="Draw Optuna's history and importances into OUT/plots.")
     ] = False,
     out_dir: Annotated[
-        Path, typer.Option("--out", help="Where the study (tune.db) and its runs are kept.")
-    ] = Path("runs/tune"),
+        str,
+        typer.Option(
+            "--out", metavar="<path>", help="Where the study (tune.db) and its runs are kept."
+        ),
+    ] = "runs/tune",
 ) -> None:
     """Search TOPAS's parameters with Optuna on tuning seeds; print the best setting and what
     it moved.
@@ -402,7 +412,7 @@ def tune(
     spec = TuneSpec(
         workload=workload, scheduler=scheduler, num_tasks=tasks, seeds=seed_list, load=load,
         rate_per_s=rate, preset=preset, kv_budget_tokens=kv_budget, grid=grid, trials=trials,
-        jobs=jobs, out=check_out_dir(out_dir),
+        jobs=jobs, out=(target := check_out_dir(out_dir)),
     )  # fmt: skip
     result = run_tune(spec, progress=lambda msg: err.print(msg, markup=False))
     b, d = result.best, result.default
@@ -417,9 +427,9 @@ def tune(
         f"p99 {100 * (b.p99_ratio / d.p99_ratio - 1):+.1f}%"
     )
     out.print(
-        f"  study {result.study}: {len(result.trials)} trials in {out_dir / 'tune.db'}",
+        f"  study {result.study}: {len(result.trials)} trials in {target / 'tune.db'}",
         markup=False,
     )
     if plots:
-        files = draw_plots(result, out_dir / "plots")
+        files = draw_plots(result, target / "plots")
         out.print(f"  plots: {', '.join(str(f) for f in files)}", markup=False)

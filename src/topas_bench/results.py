@@ -57,8 +57,6 @@ DIGESTS_FROM = 3
 _DIGEST_TAG = b"topas-bench table digest 1"
 #: The tables `load_cell` always reads in full (the invariants on read need them).
 CHECKED_TABLES = ("tasks", "requests")
-#: zstd and byte-stream-split floats: about a quarter smaller, lossless (`write_run(compact)`).
-_COMPACT = {"compression": "zstd", "compression_level": 19}
 
 
 @dataclass(frozen=True)
@@ -286,7 +284,7 @@ def write_run(
     """Check the cell's invariants (`invariants.check_cell`, given each task's JCT floor: a
     broken one raises `InvariantError` and nothing is written), then write the cell whole into
     a temporary sibling directory and rename it into place (module docstring); run.json
-    records each table's digest. `compact` stores the tables smaller (`_COMPACT`). A cell
+    records each table's digest. `compact` stores the tables smaller (zstd). A cell
     already at `run_dir` (a forced or corrupt rerun) is replaced; its files other than
     `RESULT_FILES` are carried over. A sweep runs each cell once; two writers of one cell
     (parallel tuning workers) both succeed and one copy stays. A writer first clears what
@@ -305,7 +303,9 @@ def write_run(
             df = tables[name]
             if compact:
                 floats = [c for c in df.columns if df[c].dtype.kind == "f"]
-                df.to_parquet(path, index=False, use_byte_stream_split=floats or False, **_COMPACT)
+                # zstd and byte-stream-split floats: about a quarter smaller, lossless
+                df.to_parquet(path, index=False, compression="zstd", compression_level=19,
+                              use_byte_stream_split=floats or False)  # fmt: skip
             else:
                 df.to_parquet(path, index=False)
             digests[name] = table_digest(ident, name, path.read_bytes())

@@ -151,6 +151,18 @@ def workload_label(ident: RunIdentity) -> str:
     return Path(str(file)).name if file else ident.workload
 
 
+def unverified_note(coll: Collection) -> str | None:
+    """One line on the runs taken without digests (`Collection.unverified`), or None."""
+    if not coll.unverified:
+        return None
+    n, first = len(coll.unverified), _rel(Path(coll.unverified[0]), coll.root)
+    return (
+        f"{n} run{'s' * (n != 1)} written before table digests (results format 2 or older, "
+        f"e.g. {first}): read unverified (row counts and result invariants checked, not the "
+        "tables' digests)"
+    )
+
+
 def code_version(meta: dict[str, Any]) -> str:
     """The code that wrote a run: its git revision and results format (`results_format` 1
     when absent: cells written before it was recorded)."""

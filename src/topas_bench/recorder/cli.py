@@ -96,13 +96,16 @@ def _wrote(w: Workload, output: Path) -> None:
 @trace_app.command("import")
 @lists_problems
 def trace_import(
-    file: Annotated[Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).")],
+    file: Annotated[
+        Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).", readable=False)
+    ],
     output: Annotated[
         Path | None,
         typer.Option(
             "--output",
             "-o",
             help="Workload trace to write (default: <FILE>.workload.jsonl beside FILE).",
+            readable=False,
         ),
     ] = None,
     tasks: Annotated[int, typer.Option("--tasks", "-n", help="Replicate the job as N tasks.")] = 1,
@@ -169,21 +172,26 @@ def trace_record(
     model: Annotated[str, typer.Option(help="Model name the server serves.")],
     workflow: Annotated[str, typer.Option(help="`sop` (MetaGPT 0.8.2) or `tl` (main).")] = "sop",
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Call trace to write (JSONL).")
+        Path, typer.Option("--output", "-o", help="Call trace to write (JSONL).", readable=False)
     ] = Path("metagpt-calls.jsonl"),
     workload_output: Annotated[
         Path | None,
-        typer.Option(help="Imported workload (default: <OUTPUT>.workload.jsonl beside OUTPUT)."),
+        typer.Option(
+            help="Imported workload (default: <OUTPUT>.workload.jsonl beside OUTPUT).",
+            readable=False,
+        ),
     ] = None,
     keep_text: Annotated[bool, typer.Option(help="Also store prompts and completions.")] = False,
     run_tests: Annotated[bool, typer.Option(help="sop: hire the QaEngineer too.")] = False,
     api_key: Annotated[str, typer.Option(help="API key sent to the server.")] = "sk-none",
     metagpt_src: Annotated[
-        Path | None, typer.Option(help="tl: a checkout of MetaGPT's main branch.")
+        Path | None, typer.Option(help="tl: a checkout of MetaGPT's main branch.", readable=False)
     ] = None,
     metagpt_venv: Annotated[
         Path | None,
-        typer.Option(help="MetaGPT venv (default: .venvs/metagpt; tl: .venvs/metagpt-main)."),
+        typer.Option(
+            help="MetaGPT venv (default: .venvs/metagpt; tl: .venvs/metagpt-main).", readable=False
+        ),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
 ) -> None:

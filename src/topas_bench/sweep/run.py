@@ -20,6 +20,7 @@ the same rates (`force` measures again).
 from __future__ import annotations
 
 import json
+import math
 import os
 import traceback
 from collections.abc import Mapping, Sequence
@@ -290,31 +291,49 @@ def _capacities(
 
 
 def _read_capacities(path: Path) -> dict[CapacityKey, float]:
-    if not path.is_file():
+    """The capacities kept in `path` (none when it does not exist); a file that is not a
+    readable list of positive rates is `TopasError` naming it."""
+    if not path.exists():
         return {}
+    fix = "delete it or use --force"
+    if not path.is_file():
+        raise TopasError(f"{path}: not a file, so no capacity cache; {fix}")
     try:
-        rows = json.loads(path.read_text())["capacities"]
-        return {
+        rows = json.loads(path.read_text(encoding="utf-8"))["capacities"]
+        caps = {
             (r["workload"], json.dumps(r["workload_params"], sort_keys=True), r["preset"],
              int(r["kv_budget_tokens"]), str(r.get("scheduler", "fcfs"))): float(r["capacity_tps"])
             for r in rows
         }  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise TopasError(
-            f"{path}: unreadable capacity cache ({e}); delete it or use --force"
+            f"{path}: unreadable capacity cache ({' '.join(str(e).split())[:200]}); {fix}"
         ) from None
+    for (workload, _, _, _, scheduler), cap in caps.items():
+        if not (math.isfinite(cap) and cap > 0):
+            raise TopasError(
+                f"{path}: the capacity of {workload} under {scheduler} is {cap!r}, not a "
+                f"positive number of tasks/s; {fix}"
+            )
+    return caps
 
 
 def _write_capacities(path: Path, caps: Mapping[CapacityKey, float]) -> None:
+    """Write the cache atomically (a temporary sibling, then a rename): a failed write leaves
+    the former file, or none, and no temporary one."""
     rows = [
         {"workload": w, "workload_params": json.loads(p), "preset": pr,
          "kv_budget_tokens": b, "scheduler": s, "capacity_tps": c}
         for (w, p, pr, b, s), c in sorted(caps.items())
     ]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"capacities": rows}, indent=2) + "\n")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"capacities": rows}, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise TopasError(f"{path}: cannot write the capacity cache ({e.strerror or e})") from None
 
 
 def _plans(runs: Sequence[RunSpec], caps: Mapping[CapacityKey, float]) -> list[tuple[RunPlan, str]]:

@@ -80,9 +80,13 @@ def serve(
 
 
 def calibrate(
-    log: Annotated[Path, typer.Argument(help="An SGLang server log (e.g. a run's server.log).")],
+    log: Annotated[
+        Path, typer.Argument(help="An SGLang server log (e.g. a run's server.log).", readable=False)
+    ],
     preset: Annotated[str, typer.Option(help="Preset to start from (GPU and model).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Preset file to write (TOML).")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Preset file to write (TOML).", readable=False)
+    ],
     name: Annotated[str | None, typer.Option(help="Name of the new preset.")] = None,
 ) -> None:
     """Fit the cost model's efficiencies and overheads to an SGLang log; write a preset.

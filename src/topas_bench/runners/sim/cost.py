@@ -28,7 +28,7 @@ from typing import Any, TypeVar, get_type_hints
 import numpy as np
 import numpy.typing as npt
 
-from topas_bench.errors import TopasError, UnknownNameError
+from topas_bench.errors import TopasError, UnknownNameError, not_utf8
 
 #: KV cache element size: SGLang's default KV dtype follows the BF16 model dtype.
 KV_DTYPE_BYTES = 2
@@ -291,6 +291,8 @@ def load_preset_file(path: str | os.PathLike[str]) -> Preset:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise TopasError(f"cannot read preset file {os.fspath(path)!r}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise TopasError(f"preset file {os.fspath(path)!r}: {not_utf8(err)}") from None
     return _parse(text, source=os.fspath(path))
 
 
