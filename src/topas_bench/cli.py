@@ -13,6 +13,7 @@ import typer
 
 from topas_bench import cli_analysis, cli_fidelity, cli_run, cli_site
 from topas_bench.cli_common import (
+    check_not_input,
     check_writable_file,
     handles_errors,
     lists_problems,
@@ -126,7 +127,8 @@ def workloads_export(
     from topas_bench.workloads.trace import dump_workload
 
     params = parse_assignments(workload_param or [], "--workload-param")
-    check_writable_file(output)
+    inputs = {"the trace being sampled": name} if Path(name).is_file() else {}
+    check_writable_file(check_not_input(output, inputs, "-o"))
     n = tasks if tasks is not None else run_defaults(name, params)[0]
     w = generate(name, num_tasks=n, rate_per_s=rate, seed=seed, **params)
     dump_workload(w, output)

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -130,6 +130,26 @@ def check_writable_file(path: Path) -> Path:
     if problem := _unwritable(path.parent):
         raise TopasError(f"cannot write {path}: {path.parent} takes no new files ({problem})")
     return path
+
+
+def check_not_input(output: Path, inputs: Mapping[str, Path | str], flag: str) -> Path:
+    """Fail when the file `output` would be written over one of `inputs` (what each is, by
+    its path): the same path, or another name of the same file (a link). Writing a command's
+    output over its input would lose the input, a recording that may not be made again."""
+    for what, given in inputs.items():
+        src = Path(given)
+        try:
+            same = output.resolve() == src.resolve() or (
+                output.exists() and os.path.samefile(output, src)
+            )
+        except (OSError, RuntimeError):  # a link loop, say: then it is no file to lose
+            same = False
+        if same:
+            raise TopasError(
+                f"{flag} {output}: that is {what} ({src}); writing over it would lose it, so "
+                "write to another file"
+            )
+    return output
 
 
 def _unwritable(directory: Path) -> str | None:

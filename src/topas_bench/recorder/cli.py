@@ -143,14 +143,14 @@ def trace_import(
       topas-bench trace import sop-2048-offline.jsonl
       topas-bench trace import tl-2048-offline.jsonl -n 50 --rate 0.002 -o tl50.jsonl
     """
-    from topas_bench.cli_common import check_writable_file
+    from topas_bench.cli_common import check_not_input, check_writable_file
     from topas_bench.workloads.lengths import METAGPT_CAP
     from topas_bench.workloads.metagpt_import import import_trace
 
     if max_tokens_cap is not None and max_tokens != "cap":
         raise TopasError(f"--max-tokens-cap applies only to --max-tokens cap, not {max_tokens!r}")
     target = output or _default_out(file)
-    check_writable_file(target)
+    check_writable_file(check_not_input(target, {"the call trace being imported": file}, "-o"))
     with _bars() as progress:
         bars = _Bars(progress)
         w = import_trace(
@@ -206,9 +206,12 @@ def trace_record(
       topas-bench trace record --workflow tl --metagpt-src ../MetaGPT --idea "a 2048 game" \\
         --base-url http://127.0.0.1:30000/v1 --model qwen -o tl-calls.jsonl
     """
+    from topas_bench.cli_common import check_not_input
     from topas_bench.recorder.record import record
     from topas_bench.workloads.metagpt_import import import_trace
 
+    if workload_output is not None:  # before hours of recording, not after
+        check_not_input(workload_output, {"the call trace to record": output}, "--workload-output")
     rec = record(
         workflow=workflow, idea=idea, base_url=base_url, model=model, out=output,
         api_key=api_key, keep_text=keep_text, run_tests=run_tests, metagpt_src=metagpt_src,
