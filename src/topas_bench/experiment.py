@@ -15,6 +15,8 @@ from typing import Any
 
 from topas_bench.errors import TopasError
 from topas_bench.harness import run_cell
+from topas_bench.horizon import check_plan
+from topas_bench.invariants import cost_floor, no_floor
 from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
 from topas_bench.progress import Progress
 from topas_bench.runners.engines import ENGINES
@@ -92,6 +94,9 @@ def plan_run(
         raise TopasError(
             f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}"
         )
+    # a real server's speed is unknown: only the client's own delays bound a JCT
+    floor = no_floor if spec.engine.real_server else cost_floor(CostModel(pre))
+    check_plan(w, floor, spec.workload, spec.preset)
     return RunPlan(
         workload=w, workload_name=workload, workload_params=wparams,
         schedulers=spec.schedulers, scheduler_params=spec.scheduler_params,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.errors import TopasError
+from topas_bench.horizon import check_served
 from topas_bench.invariants import cost_floor, jct_floors, no_floor
 from topas_bench.plan import (
     Cell,
@@ -77,7 +78,10 @@ def _store(
 ) -> CellResult:
     """Write a served cell (docs/design.md section 8): the tasks with their unloaded JCT (for
     goodput; a real server's is the cost model's estimate), `run.json` with the summary,
-    counters, times and the engine's own fields."""
+    counters, times and the engine's own fields. A cell whose clock went past the limit
+    (`horizon.check_served`) is refused, not written."""
+    if served.failed is None:
+        check_served(served.tables)
     tasks = with_unloaded_jct(served.tables["tasks"], plan.workload, plan.preset, plan.sim)
     tables = {**served.tables, "tasks": tasks.reset_index(drop=True)}
     if served.failed is not None:  # kept for the rerun that retries it; no run.json

@@ -383,10 +383,7 @@ def require_int(policy: str, name: str, value: object, low: int, high: int = MAX
 def _at_most(policy: str, name: str, value: int | float, high: float) -> None:
     if value > high:
         shown = f"{value:,}" if isinstance(value, int) and value < 10**15 else f"{value:.3g}"
-        raise InvalidParameter(
-            f"{policy}: {name} must be at most {high:,g} (beyond it the policy's arithmetic "
-            f"overflows), got {shown}"
-        )
+        raise InvalidParameter(f"{policy}: {name} must be at most {high:,g}, got {shown}")
 
 
 def require_bool(policy: str, name: str, value: object) -> bool:
