@@ -49,7 +49,7 @@ TABLES = ("requests", "tasks", "timeline", "decisions")
 RESULT_FILES = ("run.json", *(f"{t}.parquet" for t in TABLES))
 #: Version of the cell layout and run.json fields. 1: no `rows`, cells written in place;
 #: 2: `rows` (per-table row counts) and `results_format`, cells written atomically;
-#: 3: `digests` (`table_digest` of every table).
+#: 3: `digests` (`table_digest` of every table) and `meta_digest` (of run.json's other fields).
 RESULTS_FORMAT = 3
 #: The first format whose run.json records `digests`.
 DIGESTS_FROM = 3
@@ -171,8 +171,9 @@ def load_cell(
 ) -> StoredCell:
     """The stored cell in `run_dir`, verified; else `CellError` naming the first problem:
     unfinished; run.json unreadable, of an unknown format, or naming another cell than its
-    directory; a table missing, unreadable, or (formats from `DIGESTS_FROM`) not matching its
-    digest; a row count differing from run.json's; (given `workload_digest`) run on another
+    directory; (formats from `DIGESTS_FROM`) run.json not matching its own digest; a table
+    missing, unreadable, or (formats from `DIGESTS_FROM`) not matching its digest; a row count
+    differing from run.json's; (given `workload_digest`) run on another
     workload sample; a broken result invariant (`invariants.check_stored`). Each table is read
     once, from its bytes: `CHECKED_TABLES` and `read` in full, the others' footers."""
     if not is_finished(run_dir):
@@ -193,6 +194,10 @@ def load_cell(
         raise CellError("run.json has malformed row counts")
     if fmt >= DIGESTS_FROM and not isinstance(digests, dict):
         raise CellError("run.json records no table digests")
+    if fmt >= DIGESTS_FROM and meta.get("meta_digest") != meta_digest(meta):
+        raise CellError(
+            "run.json: does not match its own digest (edited since the cell was written)"
+        )
     tables: dict[str, pd.DataFrame] = {}
     for name in TABLES:
         data = _table_bytes(run_dir, name)
@@ -224,6 +229,14 @@ def table_digest(identity: Mapping[str, Any], name: str, data: bytes) -> str:
         h.update(part + b"\0")  # the canonical JSON is ASCII: no NUL inside a part
     h.update(data)
     return h.hexdigest()
+
+
+def meta_digest(meta: Mapping[str, Any]) -> str:
+    """The digest run.json records of its other fields (`meta_digest` aside): SHA-256 of a tag
+    and their canonical JSON (key order and layout do not count, values do)."""
+    rest = {k: v for k, v in meta.items() if k != "meta_digest"}
+    blob = json.dumps(rest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(_DIGEST_TAG + b" run.json\0" + blob.encode()).hexdigest()
 
 
 def _identity(meta: dict[str, Any], run_dir: Path) -> RunIdentity:
@@ -318,7 +331,9 @@ def write_run(
             "digests": digests,
             **info,
         }
-        text = json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n"
+        body = json.loads(json.dumps(meta, default=_json_default))  # as a reader sees it
+        meta = {**body, "meta_digest": meta_digest(body)}
+        text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
         (tmp / "run.json").write_text(text)
         if run_dir.is_dir():
             for f in run_dir.iterdir():
