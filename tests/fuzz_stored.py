@@ -72,7 +72,9 @@ def _apply(root: Path, damage: tuple[Any, ...]) -> None:
     how, cell, file, *rest = damage
     path = _cell(root, cell) / file
     data = bytearray(path.read_bytes())
-    at = min(int(rest[0] * len(data)), len(data) - 1) if how != "swap" else 0
+    at = max(min(int(rest[0] * len(data)), len(data) - 1), 0) if how != "swap" else 0
+    if how in ("flip", "zero") and not data:  # a file an earlier damage cut to nothing
+        return
     if how == "flip":
         data[at] ^= 1 << rest[1]
     elif how == "zero":

@@ -4,8 +4,9 @@ A cell is (group, scheduler). Its directory derives from its identity (`RunIdent
 so a finished cell is skipped unless `force`, and a killed sweep resumes with nothing lost or
 duplicated: cells are written whole or not at all (`results.write_run`), so an unfinished one
 is simply run again. Every stored cell is verified before it is skipped (`results.check_cell`:
-files readable, row counts as run.json records, the same workload sample); a corrupt or stale
-one is run again and reported in `SweepResult.redone`.
+run.json and every table matching their digests, row counts, the result invariants, the same
+workload sample); a corrupt or stale one, or one too old to verify, is run again and reported
+in `SweepResult.redone`.
 
 Every group (a `spec.RunSpec`) is planned here, once (`plan_run`): the workload is sampled once,
 and its canonical trace text travels to the worker with each cell (never a pickle), so every

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from topas_bench.errors import TopasError
+from topas_bench.errors import TopasError, not_utf8
 
 #: The longest line read (bytes). The imported 100,000-call MetaGPT task is a 25 MB line.
 MAX_LINE_BYTES = 64 * 2**20
@@ -127,9 +127,7 @@ def decode(line: bytes) -> Any:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise LineError(
-            f"not UTF-8 text (byte {e.start + 1}: {line[e.start : e.start + 1]!r})"
-        ) from None
+        raise LineError(not_utf8(e)) from None
     try:
         value = _DECODER.decode(text)
     except LineError:
