@@ -173,9 +173,9 @@ def load_cell(
     unfinished; run.json unreadable, of an unknown format, or naming another cell than its
     directory; (formats from `DIGESTS_FROM`) run.json not matching its own digest; a table
     missing, unreadable, or (formats from `DIGESTS_FROM`) not matching its digest; a row count
-    differing from run.json's; (given `workload_digest`) run on another
-    workload sample; a broken result invariant (`invariants.check_stored`). Each table is read
-    once, from its bytes: `CHECKED_TABLES` and `read` in full, the others' footers."""
+    differing from run.json's; (given `workload_digest`) run on another workload sample; a
+    broken result invariant (`invariants.check_stored`). Each table is read once, from its
+    bytes: `CHECKED_TABLES` and `read` in full, the others' footers."""
     if not is_finished(run_dir):
         raise CellError("unfinished (no run.json)")
     try:
