@@ -218,3 +218,17 @@ def test_the_committed_reference_reads_unverified_with_a_note(tmp_path: Path) ->
     ref = Path(__file__).parent.parent / "results" / "reference"
     coll = collect(ref)
     assert coll.problems == [] and len(coll.unverified) == len(coll.runs) > 300
+
+
+def test_run_redoes_a_changed_cell_and_lists_it(tmp_path: Path) -> None:
+    args = ["run", "-w", "dag4", "-s", "fcfs,lpm", "-n", "6", "--out", tmp_path]
+    assert invoke(*args).exit_code == 0
+    (d,) = (tmp_path / "dag4" / "lpm").iterdir()
+    first = pd.read_parquet(d / "tasks.parquet")
+    first.assign(jct_s=-5.0).to_parquet(d / "tasks.parquet", index=False)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "fcfs (cached)" in result.stdout and "lpm (cached)" not in result.stdout
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("redone: ")]
+    assert line.startswith(f"redone: {d}: tasks.parquet: does not match its digest")
+    pd.testing.assert_frame_equal(pd.read_parquet(d / "tasks.parquet"), first)

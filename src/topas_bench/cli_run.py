@@ -160,6 +160,9 @@ def run(
             err.print(warning, markup=False)
         results = run_plan(plan, force=force, progress=bars)
     print_run_table(out, plan, results)
+    for c in results:
+        if c.redone is not None:
+            err.print(f"redone: {c.run_dir}: {c.redone}", markup=False)
 
 
 def _listed(text: str | None, flag: str, kind: type[int] | type[float]) -> list[Any] | None:

@@ -10,6 +10,7 @@ information and the writing, checked against the workload's JCT floors (`results
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.errors import TopasError
@@ -21,10 +22,10 @@ from topas_bench.plan import (
     CellResult,
     RunPlan,
     Served,
-    stored_cell,
+    cached_cell,
     workload_digest,
 )
-from topas_bench.results import TABLES, is_finished, write_run
+from topas_bench.results import TABLES, check_cell, is_finished, write_run
 from topas_bench.runners.engines import ENGINES
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.unloaded import with_unloaded_jct
@@ -58,18 +59,22 @@ def run_cells(
     digest = workload_digest(plan.workload)
     results: dict[str, CellResult] = {}
     pending: list[Cell] = []
+    redone: dict[str, str] = {}
     for name in schedulers:
         run_dir = plan.identity(name).run_dir(plan.out)
-        stored = None if force else stored_cell(name, run_dir, digest)
-        if stored is not None:
-            results[name] = stored
-        else:  # a finished directory that is not reusable holds a stale result: start afresh
-            params = plan.scheduler_params.get(name, {})
-            pending.append(Cell(name, params, run_dir, fresh=force or is_finished(run_dir)))
+        why = None if force else check_cell(run_dir, digest, require_digests=True)
+        if not force and why is None:
+            results[name] = cached_cell(name, run_dir)
+            continue
+        if why is not None and is_finished(run_dir):  # stale or corrupt: start afresh
+            redone[name] = why
+        params = plan.scheduler_params.get(name, {})
+        pending.append(Cell(name, params, run_dir, fresh=force or is_finished(run_dir)))
     if pending:
         served = ENGINES.get(plan.engine).server().serve(plan, pending, progress)
         for cell, out in zip(pending, served, strict=True):
-            results[cell.scheduler] = _store(plan, cell, out, digest, compact)
+            stored = _store(plan, cell, out, digest, compact)
+            results[cell.scheduler] = replace(stored, redone=redone.get(cell.scheduler))
     return [results[name] for name in schedulers]
 
 
