@@ -15,7 +15,7 @@ from typing import Any
 
 from topas_bench.errors import TopasError
 from topas_bench.harness import run_cell
-from topas_bench.horizon import check_plan
+from topas_bench.horizon import LIMIT, check_plan, too_far
 from topas_bench.invariants import cost_floor, no_floor
 from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
 from topas_bench.progress import Progress
@@ -34,6 +34,8 @@ from topas_bench.workloads.trace_parse import MAX_TIME_S
 CAPACITY_PROBE_TASKS = 200
 CAPACITY_JCT_INFLATION = 3.0
 CAPACITY_BISECTIONS = 7
+#: Doublings of the probe's rate before it gives up: 2^64 times the unloaded rate.
+CAPACITY_DOUBLINGS = 64
 
 
 def plan_run(
@@ -205,10 +207,23 @@ def _measure_capacity(
         return float(res.tasks["jct_s"].mean())
 
     solo = mean_jct(1e-9)
+    if too_far(solo):  # a preset too slow to time: its probe would never end
+        raise TopasError(
+            f"preset {preset.source or preset.name}: a {workload} task alone takes {solo:.3g} s "
+            f"on it, past {LIMIT}; check the preset's speeds (peak_tflops, hbm_tbps, efficiency)"
+        )
     target = CAPACITY_JCT_INFLATION * solo
     lo, hi = 0.0, 1.0 / solo
-    while mean_jct(hi) < target:
+    for _ in range(CAPACITY_DOUBLINGS):
+        if mean_jct(hi) >= target:
+            break
         lo, hi = hi, hi * 2.0
+    else:
+        raise TopasError(
+            f"{workload} under {scheduler} on preset {preset.name}: no capacity found (the "
+            f"mean JCT stays below {CAPACITY_JCT_INFLATION:g}x its unloaded one up to "
+            f"{hi:.3g} tasks/s)"
+        )
     lo = lo or hi / 2.0
     for _ in range(CAPACITY_BISECTIONS):
         mid = math.sqrt(lo * hi)
