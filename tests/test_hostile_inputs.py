@@ -335,8 +335,28 @@ def test_a_load_on_a_preset_too_slow_for_the_clock_is_refused(tmp_path: Path) ->
     args = ["-w", "dag4", "-s", "fcfs", "-n", "3", "--load", "0.8", "--preset", slow]
     line = one_line(invoke("run", *args, "--out", tmp_path / "r"))
     assert line == (
-        f"error: preset {slow}: a dag4 task alone takes 1.18e+303 s on it, past the clock limit "
-        "of 1e+09 s (31.7 years); check the preset's speeds (peak_tflops, hbm_tbps, efficiency)"
+        f"error: preset {slow}: a dag4 task alone takes 1.18e+303 s on it; past the clock limit "
+        "of 1e+09 s (31.7 years); check the preset's speeds and overheads (peak_tflops, "
+        "hbm_tbps, eta_*, c_*_us)"
     )
     line = one_line(invoke("sweep", *args, "-j", "1", "--out", tmp_path / "s"))
     assert line.startswith("error: measuring the capacity of dag4 under fcfs failed: TopasError")
+
+
+def test_a_preset_too_fast_for_the_clock_is_refused(tmp_path: Path) -> None:
+    """Zero overheads and 1e300 TFLOP/s: every call vanished in rounding, every JCT 0 (now the
+    invariant JCT > 0 would call it a bug: exit 70); refused before the run, exit 2."""
+    text = (_PRESETS / "a100-qwen32b.toml").read_text()
+    for key in ("peak_tflops = ", "hbm_tbps = "):
+        text = text.replace(key, key + "1e300 #")
+    for key in ("c_step_us = ", "c_layer_us = ", "c_req_us = "):
+        text = text.replace(key, key + "0.0 #")
+    fast = tmp_path / "fast.toml"
+    fast.write_text(text)
+    args = ["-w", "dag4", "-s", "fcfs", "-n", "3", "--preset", fast, "--out", tmp_path / "r"]
+    line = one_line(invoke("run", *args))
+    assert line.startswith(f"error: preset {fast}: its fastest decode step takes 0 s, which a ")
+    assert "cannot time" in line
+    line = one_line(invoke("run", *args, "--load", "0.8"))
+    assert "its calls vanish in rounding" in line
+    assert not (tmp_path / "r").exists()

@@ -15,8 +15,7 @@ from typing import Any
 
 from topas_bench.errors import TopasError
 from topas_bench.harness import run_cell
-from topas_bench.horizon import LIMIT, check_plan, too_far
-from topas_bench.invariants import cost_floor, no_floor
+from topas_bench.horizon import FIX_PRESET, LIMIT, check_plan, too_far
 from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
 from topas_bench.progress import Progress
 from topas_bench.runners.engines import ENGINES
@@ -97,8 +96,7 @@ def plan_run(
             f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}"
         )
     # a real server's speed is unknown: only the client's own delays bound a JCT
-    floor = no_floor if spec.engine.real_server else cost_floor(CostModel(pre))
-    check_plan(w, floor, spec.workload, spec.preset)
+    check_plan(w, None if spec.engine.real_server else CostModel(pre), spec.workload, spec.preset)
     return RunPlan(
         workload=w, workload_name=workload, workload_params=wparams,
         schedulers=spec.schedulers, scheduler_params=spec.scheduler_params,
@@ -207,10 +205,11 @@ def _measure_capacity(
         return float(res.tasks["jct_s"].mean())
 
     solo = mean_jct(1e-9)
-    if too_far(solo):  # a preset too slow to time: its probe would never end
+    if too_far(solo) or not solo > 0:  # a preset too slow or fast to time: no probe ends
         raise TopasError(
             f"preset {preset.source or preset.name}: a {workload} task alone takes {solo:.3g} s "
-            f"on it, past {LIMIT}; check the preset's speeds (peak_tflops, hbm_tbps, efficiency)"
+            f"on it; {'past ' + LIMIT if solo > 0 else 'its calls vanish in rounding'}; "
+            f"{FIX_PRESET}"
         )
     target = CAPACITY_JCT_INFLATION * solo
     lo, hi = 0.0, 1.0 / solo
