@@ -124,6 +124,7 @@ def rewrite(run_dir: Path, tables: dict[str, pd.DataFrame] | None = None, **meta
         df.to_parquet(path, index=False)
         m["rows"][name] = len(df)
         m["digests"][name] = table_digest(m["identity"], name, path.read_bytes())
+        m["bytes"][name] = path.stat().st_size
     m.update(meta)
     m["meta_digest"] = meta_digest(m)
     (run_dir / "run.json").write_text(json.dumps(m))

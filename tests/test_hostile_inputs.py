@@ -360,3 +360,15 @@ def test_a_preset_too_fast_for_the_clock_is_refused(tmp_path: Path) -> None:
     line = one_line(invoke("run", *args, "--load", "0.8"))
     assert "its calls vanish in rounding" in line
     assert not (tmp_path / "r").exists()
+
+
+def test_an_output_that_is_a_device_or_pipe_is_refused(tmp_path: Path) -> None:
+    """Found while closing the issue: the atomic rename would have replaced /dev/null (as
+    root) with a regular file. A named pipe stands in for the device here."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    line = one_line(invoke("workloads", "export", "dag4", "-n", "2", "-o", fifo))
+    assert line == f"error: cannot write {fifo}: not a regular file (a device, pipe or socket)"
+    calls = DATA / "sop-2048-offline.jsonl"
+    assert one_line(invoke("trace", "import", calls, "-o", fifo)) == line
+    assert fifo.is_fifo()

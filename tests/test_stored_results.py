@@ -232,3 +232,19 @@ def test_run_redoes_a_changed_cell_and_lists_it(tmp_path: Path) -> None:
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("redone: ")]
     assert line.startswith(f"redone: {d}: tasks.parquet: does not match its digest")
     pd.testing.assert_frame_equal(pd.read_parquet(d / "tasks.parquet"), first)
+
+
+@pytest.mark.parametrize("fmt", [2, RESULTS_FORMAT])
+def test_a_huge_sparse_table_costs_neither_memory_nor_time(root: Path, fmt: int) -> None:
+    """A table replaced by a 64 GiB file of zeros (sparse: no disk): refused at once, never read
+    into memory (the size run.json records is checked first; without digests, the footer)."""
+    d = cell(root, "fcfs")
+    if fmt == 2:
+        as_format_2(d)
+    with (d / "timeline.parquet").open("r+b") as f:
+        f.truncate(64 << 30)
+    problem = check_cell(d) or ""
+    if fmt == 2:
+        assert problem.startswith("timeline.parquet: unreadable table (")
+    else:
+        assert problem.startswith("timeline.parquet: does not match its digest")

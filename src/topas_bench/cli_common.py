@@ -122,9 +122,12 @@ def check_out_dir(path: Path | str, flag: str = "--out") -> Path:
 
 def check_writable_file(path: Path) -> Path:
     """Fail before anything runs when the file `path` could not be written: its directory is
-    missing or takes no new files, or `path` is a directory."""
+    missing or takes no new files, or `path` is a directory or another thing that is not a
+    regular file (a device such as /dev/null, which the atomic rename would replace)."""
     if path.is_dir():
         raise TopasError(f"cannot write {path}: it is a directory")
+    if path.exists() and not path.is_file():
+        raise TopasError(f"cannot write {path}: not a regular file (a device, pipe or socket)")
     if not path.parent.is_dir():
         raise TopasError(f"cannot write {path}: {path.parent} is not a directory")
     if problem := _unwritable(path.parent):

@@ -21,7 +21,6 @@ but the digests is checked) and never reused (docs/reliability.md, "Results").
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import platform
@@ -31,7 +30,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,8 @@ TABLES = ("requests", "tasks", "timeline", "decisions")
 RESULT_FILES = ("run.json", *(f"{t}.parquet" for t in TABLES))
 #: Version of the cell layout and run.json fields. 1: no `rows`, cells written in place;
 #: 2: `rows` (per-table row counts) and `results_format`, cells written atomically;
-#: 3: `digests` (`table_digest` of every table) and `meta_digest` (of run.json's other fields).
+#: 3: `digests` (`table_digest` of every table), `bytes` (their sizes) and `meta_digest` (of
+#: run.json's other fields).
 RESULTS_FORMAT = 3
 #: The first format whose run.json records `digests`.
 DIGESTS_FROM = 3
@@ -174,8 +174,8 @@ def load_cell(
     directory; (formats from `DIGESTS_FROM`) run.json not matching its own digest; a table
     missing, unreadable, or (formats from `DIGESTS_FROM`) not matching its digest; a row count
     differing from run.json's; (given `workload_digest`) run on another workload sample; a
-    broken result invariant (`invariants.check_stored`). Each table is read once, from its
-    bytes: `CHECKED_TABLES` and `read` in full, the others' footers."""
+    broken result invariant (`invariants.check_stored`). Tables are hashed in chunks (their
+    size first); `CHECKED_TABLES` and `read` are read in full, the others' footers."""
     if not is_finished(run_dir):
         raise CellError("unfinished (no run.json)")
     try:
@@ -200,13 +200,12 @@ def load_cell(
         )
     tables: dict[str, pd.DataFrame] = {}
     for name in TABLES:
-        data = _table_bytes(run_dir, name)
-        if digests is not None and digests.get(name) != table_digest(meta["identity"], name, data):
-            raise CellError(
-                f"{name}.parquet: does not match its digest in run.json (changed since the "
-                "cell was written, or another cell's table)"
-            )
-        n = _parse(name, data, tables, full=name in CHECKED_TABLES or name in read)
+        path = run_dir / f"{name}.parquet"
+        if not path.is_file():
+            raise CellError(f"partial run: {path.name} is missing")
+        if digests is not None:
+            _check_digest(path, meta, digests.get(name))
+        n = _parse(path, tables, full=name in CHECKED_TABLES or name in read)
         if rows is not None and rows.get(name) != n:
             raise CellError(f"{name}.parquet has {n} rows, run.json records {rows.get(name)}")
     if workload_digest is not None and meta.get("workload_digest") != workload_digest:
@@ -218,16 +217,17 @@ def load_cell(
     return StoredCell(meta, ident, tables, digests is not None)
 
 
-def table_digest(identity: Mapping[str, Any], name: str, data: bytes) -> str:
-    """The digest run.json records of table `name` (its file's bytes, `data`) in the cell of
-    `identity` (as run.json records it): SHA-256 of a tag, the identity's canonical JSON, the
-    table's name and the bytes. With the identity and name in it, a table copied from another
-    cell, or another cell's digest with it, fails; only a run.json rewritten with digests
-    computed afresh (the scheme is public, nothing is secret) passes unnoticed."""
+def table_digest(identity: Mapping[str, Any], name: str, data: bytes | Iterable[bytes]) -> str:
+    """The digest run.json records of table `name` (its file's bytes, `data`, whole or in
+    chunks) in the cell of `identity` (as run.json records it): SHA-256 of a tag, the identity's
+    canonical JSON, the table's name and the bytes. With the identity and name in it, a table
+    copied from another cell, or another cell's digest with it, fails; only a run.json rewritten
+    with digests computed afresh (the scheme is public, nothing is secret) passes unnoticed."""
     h = hashlib.sha256()
     for part in (_DIGEST_TAG, json.dumps(identity, sort_keys=True).encode(), name.encode()):
         h.update(part + b"\0")  # the canonical JSON is ASCII: no NUL inside a part
-    h.update(data)
+    for chunk in [data] if isinstance(data, bytes) else data:
+        h.update(chunk)
     return h.hexdigest()
 
 
@@ -251,31 +251,44 @@ def _identity(meta: dict[str, Any], run_dir: Path) -> RunIdentity:
     return ident
 
 
-def _table_bytes(run_dir: Path, name: str) -> bytes:
-    path = run_dir / f"{name}.parquet"
-    if not path.is_file():
-        raise CellError(f"partial run: {path.name} is missing")
+def _check_digest(path: Path, meta: dict[str, Any], digest: object) -> None:
+    """`CellError` unless the table at `path` has the size and digest run.json records: the size
+    first (a `stat`), then the bytes, read in chunks (a file of any size costs no memory)."""
+    name = path.name.removesuffix(".parquet")
+    size = (meta.get("bytes") or {}).get(name) if isinstance(meta.get("bytes"), dict) else None
     try:
-        return path.read_bytes()
+        same = size is None or path.stat().st_size == size
+        same = same and digest == table_digest(meta["identity"], name, _chunks(path))
     except OSError as e:
         raise CellError(f"{path.name}: unreadable table ({e.strerror or e})") from None
+    if not same:
+        raise CellError(
+            f"{path.name}: does not match its digest in run.json (changed since the cell was "
+            "written, or another cell's table)"
+        )
 
 
-def _parse(name: str, data: bytes, into: dict[str, pd.DataFrame], *, full: bool) -> int:
+def _chunks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            yield chunk
+
+
+def _parse(path: Path, into: dict[str, pd.DataFrame], *, full: bool) -> int:
     """The table's row count; with `full`, the table itself goes into `into` too. Anything the
     Parquet reader raises on damaged bytes is `CellError` (a cell without digests can hold
     any bytes)."""
     import pyarrow.parquet as pq
 
+    name = path.name.removesuffix(".parquet")
     try:
         if full:
-            into[name] = pd.read_parquet(io.BytesIO(data))
+            into[name] = pd.read_parquet(path)
             return len(into[name])
-        return int(pq.read_metadata(io.BytesIO(data)).num_rows)
+        return int(pq.read_metadata(path).num_rows)
     except Exception as e:  # corrupt bytes raise many kinds
-        raise CellError(
-            f"{name}.parquet: unreadable table ({_one_line(f'{type(e).__name__}: {e}', 160)})"
-        ) from None
+        why = f"{type(e).__name__}: {e}".replace(str(path), path.name)
+        raise CellError(f"{path.name}: unreadable table ({_one_line(why, 160)})") from None
 
 
 def _one_line(text: str, width: int = 400) -> str:
@@ -310,7 +323,7 @@ def write_run(
     try:
         tmp.chmod(0o755)  # mkdtemp's 0700 would make the cell private
         ident = json.loads(json.dumps(identity.to_json(), default=_json_default))
-        digests = {}
+        digests, sizes = {}, {}
         for name in TABLES:
             path = tmp / f"{name}.parquet"
             df = tables[name]
@@ -321,7 +334,8 @@ def write_run(
                               use_byte_stream_split=floats or False)  # fmt: skip
             else:
                 df.to_parquet(path, index=False)
-            digests[name] = table_digest(ident, name, path.read_bytes())
+            digests[name] = table_digest(ident, name, _chunks(path))
+            sizes[name] = path.stat().st_size
         meta = {
             "identity": ident,
             "versions": versions(),
@@ -329,6 +343,7 @@ def write_run(
             "results_format": RESULTS_FORMAT,
             "rows": {name: len(tables[name]) for name in TABLES},
             "digests": digests,
+            "bytes": sizes,
             **info,
         }
         body = json.loads(json.dumps(meta, default=_json_default))  # as a reader sees it
