@@ -21,11 +21,26 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fuzz_stored import (
+    check_encoded_preset,
+    check_encoded_sweep,
+    check_stored_damage,
+    damages,
+    encoded_presets,
+    encoded_sweeps,
+)
 from fuzz_targets import OUTCOMES, TARGETS, PluginState
 from trace_mutations import run_both, traces
 
-#: issue 24: mutated traces through `workloads validate` and `run`, result invariants checked
-TARGETS = {**TARGETS, "traces end to end": (traces(), lambda data: run_both(data)[0])}
+#: issue 24: mutated traces through `workloads validate` and `run`, result invariants checked;
+#: issue 30: damaged stored results (never a silent change), sweep and preset file encodings
+TARGETS = {
+    **TARGETS,
+    "traces end to end": (traces(), lambda data: run_both(data)[0]),
+    "stored results": (damages(), check_stored_damage),
+    "sweep file encodings": (encoded_sweeps, check_encoded_sweep),
+    "preset encodings": (encoded_presets, check_encoded_preset),
+}
 
 
 def census(name: str, examples: int, rng_seed: int | None) -> dict[str, Any]:

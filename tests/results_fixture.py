@@ -10,12 +10,13 @@ four tasks each) and a second chain3 group at load 0.6, with these JCTs (seconds
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from topas_bench.results import RunIdentity, write_run
+from topas_bench.results import RunIdentity, meta_digest, table_digest, write_run
 from topas_bench.runners.records import (
     DECISION_COLUMNS,
     REQUEST_COLUMNS,
@@ -61,7 +62,7 @@ def write_one(
     tasks = pd.DataFrame({
         "task_id": [f"t{i:04d}" for i in range(len(jcts))], "workflow": workload,
         "arrival_s": arrival, "finish_s": [a + j for a, j in zip(arrival, jcts, strict=True)],
-        "jct_s": [float(j) for j in jcts], "stages": 3, "attained_s": 1.0,
+        "jct_s": [float(j) for j in jcts], "stages": 3, "attained_s": [float(j) for j in jcts],
     })  # fmt: skip
     timeline = pd.DataFrame(
         [(0.0, "prefill", 1, 1.0, 1, 100, 5000, 4000, 1000, 2, "A", 1),
@@ -111,3 +112,36 @@ def write_fixture(root: Path) -> Path:
                 scale = 0.8 if load == 0.6 else 1.0
                 write_one(root, scheduler, seed, [j * scale for j in jcts], load=load)
     return root
+
+
+def rewrite(run_dir: Path, tables: dict[str, pd.DataFrame] | None = None, **meta: Any) -> None:
+    """Rewrite a stored cell as a writer would have written it (row counts and digests
+    computed afresh): a cell of other code or other settings, for the tests that need one.
+    A user who does this by hand is out of what digests detect (docs/reliability.md)."""
+    m = json.loads((run_dir / "run.json").read_text())
+    for name, df in (tables or {}).items():
+        path = run_dir / f"{name}.parquet"
+        df.to_parquet(path, index=False)
+        m["rows"][name] = len(df)
+        m["digests"][name] = table_digest(m["identity"], name, path.read_bytes())
+        m["bytes"][name] = path.stat().st_size
+    m.update(meta)
+    m["meta_digest"] = meta_digest(m)
+    (run_dir / "run.json").write_text(json.dumps(m))
+
+
+def stretch(run_dir: Path, factor: float) -> None:
+    """Every task's JCT times `factor` (> 1), as a run that gave those JCTs would store it:
+    each task's last call ends at the task's new finish (its service, and the task's attained
+    service, longer by as much), other calls as they were; then `rewrite`."""
+    t, r = (pd.read_parquet(run_dir / f"{n}.parquet") for n in ("tasks", "requests"))
+    old = r["task_id"].map(dict(zip(t["task_id"], t["finish_s"], strict=True)))
+    t["jct_s"] *= factor
+    t["finish_s"] = t["arrival_s"] + t["jct_s"]
+    new = r["task_id"].map(dict(zip(t["task_id"], t["finish_s"], strict=True)))
+    last = r["finish_s"] == old
+    delta = (new - r["finish_s"]).where(last, 0.0)
+    r["service_s"] += delta
+    r["finish_s"] = r["finish_s"].where(~last, new)
+    t["attained_s"] += t["task_id"].map(delta.groupby(r["task_id"]).sum())
+    rewrite(run_dir, {"tasks": t, "requests": r})

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner, Result
 
+from results_fixture import rewrite
 from test_metagpt_import import unwritable_dir
 from topas_bench.cli import app
 from topas_bench.experiment import measure_capacity
@@ -209,8 +210,7 @@ def test_second_run_reuses_cells_and_force_reruns(tmp_path: Path) -> None:
     # A cached cell is read back from its run.json, not recomputed.
     run_json = cell_dir(tmp_path, "dag4", "fcfs") / "run.json"
     m = json.loads(run_json.read_text())
-    m["summary"]["mean_jct_s"] = 12345.678
-    run_json.write_text(json.dumps(m))
+    rewrite(run_json.parent, summary={**m["summary"], "mean_jct_s": 12345.678})
     assert rows(ok(*args))["fcfs (cached)"]["mean"] == "12345.68"
 
     forced = rows(ok(*args, "--force"))

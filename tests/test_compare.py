@@ -6,11 +6,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from results_fixture import identity, write_fixture
+from results_fixture import identity, stretch, write_fixture
 from topas_bench.analysis.collect import collect
 from topas_bench.analysis.compare import Tolerance, compare
 from topas_bench.analysis.report import build_report
@@ -30,11 +29,7 @@ def scaled_copy(tree: Path, dest: Path, scheduler: str, factor: float) -> Path:
     """A copy of `tree` with one scheduler's JCTs (both seeds, load 0.8) times `factor`."""
     shutil.copytree(tree, dest)
     for seed in (0, 1):
-        path = identity(scheduler, seed).run_dir(dest) / "tasks.parquet"
-        t = pd.read_parquet(path)
-        t["jct_s"] *= factor
-        t["finish_s"] = t["arrival_s"] + t["jct_s"]
-        t.to_parquet(path, index=False)
+        stretch(identity(scheduler, seed).run_dir(dest), factor)
     return dest
 
 

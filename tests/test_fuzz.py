@@ -2,7 +2,8 @@
 task metadata. Every bad input gets a one-line error and exit code 2 (or, in the SGLang plugin,
 a counted fallback): never a traceback, never a half-written file. The inputs and their
 classification are in `fuzz_targets.py`; `benchmarks/fuzz_census.py` runs the same targets at
-scale and counts the outcomes."""
+scale and counts the outcomes. Issue 30 added stored results damaged at random (never a silent
+change) and the sweep and preset files in hostile encodings (`fuzz_stored.py`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from fuzz_stored import (
+    check_encoded_preset,
+    check_encoded_sweep,
+    check_stored_damage,
+    damages,
+    encoded_presets,
+    encoded_sweeps,
+)
 from fuzz_targets import (
     RECORDED,
     VALID_TRACE,
@@ -63,6 +72,24 @@ def test_custom_params(custom: Any) -> None:
     assert check_custom_params(PLUGIN, custom) != "crash", custom
     # reasons come from a fixed set: hundreds of hostile requests, a handful of log lines
     assert len(PLUGIN.tracker.untagged) < 40, sorted(PLUGIN.tracker.untagged)
+
+
+@fuzz(120)
+@given(damages())
+def test_stored_results_never_change_silently(damage: list[Any]) -> None:
+    assert check_stored_damage(damage) != "crash", damage
+
+
+@fuzz(60)
+@given(encoded_sweeps)
+def test_sweep_files_in_any_encoding(data: bytes) -> None:
+    assert check_encoded_sweep(data) != "crash", data[:300]
+
+
+@fuzz(60)
+@given(encoded_presets)
+def test_preset_files_in_any_encoding(data: bytes) -> None:
+    assert check_encoded_preset(data) != "crash", data[:300]
 
 
 # -- regressions the fuzzing found -------------------------------------------------------------

@@ -6,11 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from results_fixture import identity, write_fixture
+from results_fixture import identity, stretch, write_fixture
 from topas_bench.cli import app
 
 
@@ -22,11 +21,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def slower_topas(tree: Path, dest: Path, factor: float) -> Path:
     shutil.copytree(tree, dest)
     for seed in (0, 1):
-        path = identity("topas", seed).run_dir(dest) / "tasks.parquet"
-        t = pd.read_parquet(path)
-        t["jct_s"] *= factor
-        t["finish_s"] = t["arrival_s"] + t["jct_s"]
-        t.to_parquet(path, index=False)
+        stretch(identity("topas", seed).run_dir(dest), factor)
     return dest
 
 

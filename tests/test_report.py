@@ -129,7 +129,8 @@ def test_bad_directories_are_reported_and_left_out(tree: Path, tmp_path: Path) -
     coll = collect(root)
     assert len(coll.problems) == 4
     text = "\n".join(coll.problems)
-    assert "unfinished run (no run.json)" in text and "timeline.parquet: unreadable" in text
+    assert "unfinished run (no run.json)" in text
+    assert "timeline.parquet: does not match its digest" in text
     assert "unreadable run.json" in text and "does not match its identity" in text
     assert len(coll.runs) == 14 - 4
     rep = build_report(coll)
@@ -153,11 +154,15 @@ def test_partial_task_table_is_left_out(tree: Path, tmp_path: Path) -> None:
     shutil.copytree(tree, root)
     d = identity("fcfs", 1).run_dir(root)
     pd.read_parquet(d / "tasks.parquet").head(2).to_parquet(d / "tasks.parquet")
-    assert any("tasks.parquet has 2 rows, run.json records 4" in p for p in collect(root).problems)
+    assert any("tasks.parquet: does not match its digest" in p for p in collect(root).problems)
     meta = json.loads((d / "run.json").read_text())
-    del meta["rows"]  # a cell written before run.json recorded row counts
+    meta["results_format"] = 2  # a cell written before run.json recorded digests
+    del meta["digests"], meta["meta_digest"]
     (d / "run.json").write_text(json.dumps(meta))
-    assert any("2 of 4 tasks" in p for p in collect(root).problems)
+    assert any("tasks.parquet has 2 rows, run.json records 4" in p for p in collect(root).problems)
+    del meta["rows"]  # ... or row counts
+    (d / "run.json").write_text(json.dumps(meta))
+    assert any("2 tasks recorded for 4" in p for p in collect(root).problems)
 
 
 def test_different_workload_samples_are_an_error(tree: Path, tmp_path: Path) -> None:

@@ -116,13 +116,23 @@ def test_a_killed_writer_never_leaves_a_cell_that_looks_complete(tmp_path: Path)
     assert left.name.startswith(f".{cell.name}.tmp-")
     with pytest.raises(Exception, match="no finished runs"):
         collect(root)  # not taken for a run, not even a partial one
-    write_one(root, "fcfs", 0, [1, 2, 3, 4])  # a young one may be a writer at work: kept
-    assert sorted(p.name for p in cell.parent.iterdir()) == sorted([cell.name, left.name])
-    assert check_cell(cell) is None
-    aged = time.time() - LEFTOVER_AGE_S - 1
-    os.utime(left, (aged, aged))
-    write_one(root, "fcfs", 0, [1, 2, 3, 4])  # an old one is a killed writer's: cleared
+    write_one(root, "fcfs", 0, [1, 2, 3, 4])  # its writer is gone: the next writer clears it
     assert [p.name for p in cell.parent.iterdir()] == [cell.name] and check_cell(cell) is None
+    # a writer at work on this machine keeps its own; one of unknown writer (another machine's,
+    # or named before writers were) is cleared only once older than LEFTOVER_AGE_S
+    live = cell.with_name(f".{cell.name}.tmp-{os.getpid()}x{results._machine()}-abc")
+    unknown = cell.with_name(f".{cell.name}.tmp-k1d2")
+    live.mkdir()
+    unknown.mkdir()
+    write_one(root, "fcfs", 0, [1, 2, 3, 4])
+    assert sorted(p.name for p in cell.parent.iterdir()) == sorted(
+        [cell.name, live.name, unknown.name]
+    )
+    aged = time.time() - LEFTOVER_AGE_S - 1
+    os.utime(unknown, (aged, aged))
+    write_one(root, "fcfs", 0, [1, 2, 3, 4])
+    assert sorted(p.name for p in cell.parent.iterdir()) == sorted([cell.name, live.name])
+    assert check_cell(cell) is None
 
 
 def test_two_writers_of_one_cell_both_succeed(tmp_path: Path, monkeypatch: Any) -> None:
@@ -146,30 +156,43 @@ def test_two_writers_of_one_cell_both_succeed(tmp_path: Path, monkeypatch: Any) 
 
 
 # -- verifying -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("damage", "reason"),
-    [
-        (lambda d: truncate(d / "requests.parquet"), "requests.parquet: unreadable table"),
-        (lambda d: (d / "decisions.parquet").unlink(), "decisions.parquet is missing"),
-        (lambda d: (d / "run.json").write_text("{"), "unreadable run.json"),
-        (lambda d: (d / "run.json").unlink(), "unfinished"),
-        (
-            lambda d: (
-                pd.read_parquet(d / "timeline.parquet").head(1).to_parquet(d / "timeline.parquet")
-            ),
-            "timeline.parquet has 1 rows, run.json records 4",
+def as_format_2(d: Path) -> None:
+    """Make `d` a cell as results format 2 wrote it: no digests."""
+    meta = json.loads((d / "run.json").read_text())
+    del meta["digests"]
+    (d / "run.json").write_text(json.dumps({**meta, "results_format": 2}))
+
+
+DAMAGE = [
+    (lambda d: truncate(d / "requests.parquet"), "requests.parquet: unreadable table"),
+    (lambda d: (d / "decisions.parquet").unlink(), "decisions.parquet is missing"),
+    (lambda d: (d / "run.json").write_text("{"), "unreadable run.json"),
+    (lambda d: (d / "run.json").unlink(), "unfinished"),
+    (
+        lambda d: (
+            pd.read_parquet(d / "timeline.parquet").head(1).to_parquet(d / "timeline.parquet")
         ),
-    ],
-)
+        "timeline.parquet has 1 rows, run.json records 4",
+    ),
+]
+
+
+@pytest.mark.parametrize(("damage", "reason"), DAMAGE)
+@pytest.mark.parametrize("fmt", [2, RESULTS_FORMAT])
 def test_check_cell_names_what_is_wrong(
-    tree: Path, tmp_path: Path, damage: Any, reason: str
+    tree: Path, tmp_path: Path, damage: Any, reason: str, fmt: int
 ) -> None:
     root = copy(tree, tmp_path)
     d = identity("lpm", 1).run_dir(root)
+    if fmt == 2:
+        as_format_2(d)
+    elif "parquet" in reason and "missing" not in reason:  # a changed table: its digest fails
+        reason = reason.split(".parquet")[0] + ".parquet: does not match its digest"
     assert check_cell(d) is None
     damage(d)
     problem = check_cell(d)
     assert problem is not None and reason in problem and str(root) not in problem
+    assert "\n" not in problem
 
 
 def test_sweep_redoes_a_corrupt_cell_and_only_it(tmp_path: Path) -> None:
@@ -181,9 +204,8 @@ def test_sweep_redoes_a_corrupt_cell_and_only_it(tmp_path: Path) -> None:
     result = invoke("sweep", *TINY, "--out", out, "-j", "1")
     assert result.exit_code == 0, result.output
     assert "4 cells: 1 ran, 3 already finished, 0 failed" in result.stdout
-    assert f"redone: {cells[1].relative_to(out)}: tasks.parquet: unreadable table" in (
-        result.stderr.replace("\n", "")
-    )
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("redone: ")]
+    assert line.startswith(f"redone: {cells[1].relative_to(out)}: tasks.parquet: does not match")
     assert check_cell(cells[1]) is None and collect(out).problems == []
     after = {d: (d / "run.json").stat().st_mtime_ns for d in cells}
     assert [d for d in cells if after[d] != stamps[d]] == [cells[1]]
@@ -197,7 +219,7 @@ def test_report_refuses_a_bad_cell_unless_told_to_skip_it(tree: Path, tmp_path: 
     result = invoke("report", root, "--out", tmp_path / "rep")
     assert result.exit_code == 2 and "Traceback" not in result.output
     rel = bad.relative_to(root)
-    assert f"bad run: {rel}: tasks.parquet: unreadable table" in result.stderr
+    assert f"bad run: {rel}: tasks.parquet: does not match its digest" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {root}: 1 bad run")
     assert not (tmp_path / "rep" / "report.md").exists()  # nothing written
     result = invoke("report", root, "--out", tmp_path / "rep", "--skip-bad")
@@ -214,11 +236,14 @@ def test_report_refuses_to_mix_code_revisions(tree: Path, tmp_path: Path) -> Non
     for field, value in (("git_revision", "0123456789ab"), ("results_format", 1)):
         d = identity("topas", 0).run_dir(root)
         meta = json.loads((d / "run.json").read_text())
-        (d / "run.json").write_text(json.dumps({**meta, field: value}))
+        other = {**meta, field: value}  # as other code wrote it: run.json's digest its own
+        other["meta_digest"] = results.meta_digest(other)
+        (d / "run.json").write_text(json.dumps(other))
         result = invoke("report", root, "--quiet")
         assert result.exit_code == 2 and "Traceback" not in result.output
-        line = result.stderr.strip()
-        assert len(line.splitlines()) == 1 and "runs from 2 code versions" in line
+        *notes, line = result.stderr.strip().splitlines()  # format 1: read unverified, noted
+        assert [n[:6] for n in notes] == ["note: "] * (field == "results_format")
+        assert "runs from 2 code versions" in line
         assert f"{value}" in line and "--allow-mixed-revisions" in line
         result = invoke("report", root, "--quiet", "--allow-mixed-revisions")
         assert result.exit_code == 0, result.output

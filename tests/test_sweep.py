@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from topas_bench.analysis.collect import collect
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
-from topas_bench.results import is_hidden
+from topas_bench.results import check_cell, is_hidden
 from topas_bench.sweep import SweepSpec, load_specs, parse_list, read_toml, run_sweep
-from topas_bench.sweep.run import CAPACITY_FILE, compact_tables
+from topas_bench.sweep.run import CAPACITY_FILE
 
 CLI = [sys.executable, "-c", "from topas_bench.cli import main; main()"]
 TINY = ["-w", "chain3,dag4", "-s", "fcfs,lpm", "--rate", "0.05", "--seeds", "0,1", "-n", "6"]
@@ -187,8 +187,14 @@ def test_compact_tables_are_lossless(tmp_path: Path) -> None:
         if name == "decisions":  # wall-clock times differ between runs; the shape does not
             left, right = left.drop(columns="wall_s"), right.drop(columns="wall_s")
         pd.testing.assert_frame_equal(left, right)
-    compact_tables(a)  # idempotent on an already compact run
-    assert collect(tmp_path / "a").problems == []
+    import pyarrow.parquet as pq
+
+    codec = {d: pq.read_metadata(d / "tasks.parquet").row_group(0).column(0).compression
+             for d in (a, b)}  # fmt: skip
+    assert codec == {a: "SNAPPY", b: "ZSTD"}
+    # compacted as written: run.json's digests are the compact files'
+    assert check_cell(b, require_digests=True) is None
+    assert collect(tmp_path / "b").problems == []
 
 
 def test_failing_cell_is_reported_and_others_finish(tmp_path: Path) -> None:

@@ -3,12 +3,14 @@
 
 A valid trace (dag4, 3 tasks) is mutated in its types, numbers, strings and structure (keys
 dropped or doubled, lines cut, swapped, repeated; a BOM, CRLF, gzip, binary, an empty file;
-harmless changes too, so that many mutants are still valid), then given to `workloads
-validate` and to `run`. The promise: each exits 0 or 2; a refusal is `error: ...` on one line
-(`validate` adds a line per problem, each naming the file and line); never a traceback; what
-`validate` refuses `run` refuses; and every cell `run` writes holds the result invariants,
-checked here independently of `topas_bench.invariants` (own floor: each call's batch-of-one
-decode steps summed by numpy, the DAG walked recursively).
+issue 30: strings written as JSON escapes, so lone surrogates arrive as ``\\ud800``, and the
+file in UTF-16, UTF-32 or Latin-1; harmless changes too, so that many mutants are still
+valid), then given to `workloads validate` and to `run`. The promise: each exits 0 or 2; a
+refusal is `error: ...` on one line (`validate` adds a line per problem, each naming the file
+and line); never a traceback; what `validate` refuses `run` refuses; and every cell `run`
+writes holds the result invariants, checked here independently of `topas_bench.invariants`
+(own floor: each call's batch-of-one decode steps summed by numpy, the DAG walked
+recursively).
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ NUMBERS = st.sampled_from([
 STRINGS = st.one_of(
     st.sampled_from([
         "", "x" * 1_000_000, "a\nb", "é中😀", "\x00", "\ud800", "a.b[0]", " ", "agent:A",
-        "t0000/s0/out", "A", "B", "s0", "t0001", "\u202e", "\\", '"',
+        "t0000/s0/out", "A", "B", "s0", "t0001", "\u202e", "\\", '"', "\udfff", "s\ud83d",
+        "\ud83d\ude00", "A\udc00",
     ]),
     st.text(max_size=8),
 )  # fmt: skip
@@ -128,9 +131,11 @@ def traces(draw: st.DrawFn) -> bytes:
                 lines[i] = text.replace("{", '{"id":"dup",', 1) if "{" in text else text
             else:
                 lines[i] = draw(st.text(max_size=30))
-    text = "".join((x if isinstance(x, str) else _dumps(x)) + "\n" for x in lines)
+    ascii_only = draw(st.sampled_from([False, False, True]))  # escapes: \ud800 as JSON has it
+    text = "".join((x if isinstance(x, str) else _dumps(x, ascii_only)) + "\n" for x in lines)
     data = text.encode("utf-8", "surrogatepass")
-    wrap = draw(st.sampled_from(["", "", "", "bom", "crlf", "gzip", "empty", "binary", "header"]))
+    wrap = draw(st.sampled_from(["", "", "", "bom", "crlf", "gzip", "empty", "binary", "header",
+                                 "utf-16", "utf-32", "latin-1"]))  # fmt: skip
     if wrap == "bom":
         data = b"\xef\xbb\xbf" + data
     elif wrap == "crlf":
@@ -143,11 +148,13 @@ def traces(draw: st.DrawFn) -> bytes:
         data = draw(st.binary(max_size=64))
     elif wrap == "header":
         data = BASE.splitlines()[0].encode() + b"\n"
+    elif wrap:
+        data = text.encode(wrap, "replace" if wrap == "latin-1" else "surrogatepass")
     return data
 
 
-def _dumps(v: Any) -> str:
-    return json.dumps(v, allow_nan=True, ensure_ascii=False)
+def _dumps(v: Any, ascii_only: bool = False) -> str:
+    return json.dumps(v, allow_nan=True, ensure_ascii=ascii_only)
 
 
 def run_both(data: bytes) -> tuple[str, str]:

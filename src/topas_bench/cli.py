@@ -13,6 +13,7 @@ import typer
 
 from topas_bench import cli_analysis, cli_fidelity, cli_run, cli_site, cli_tune
 from topas_bench.cli_common import (
+    check_not_input,
     check_writable_file,
     handles_errors,
     lists_problems,
@@ -103,7 +104,9 @@ def workloads_show(
 @handles_errors
 def workloads_export(
     name: Annotated[str, typer.Argument(help="Workload name or trace file.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Trace file to write (JSONL).")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Trace file to write (JSONL).", readable=False)
+    ],
     tasks: Annotated[
         int | None,
         typer.Option("--tasks", "-n", help="Number of tasks (default: 200, as `run`)."),
@@ -124,7 +127,8 @@ def workloads_export(
     from topas_bench.workloads.trace import dump_workload
 
     params = parse_assignments(workload_param or [], "--workload-param")
-    check_writable_file(output)
+    inputs = {"the trace being sampled": name} if Path(name).is_file() else {}
+    check_writable_file(check_not_input(output, inputs, "-o"))
     n = tasks if tasks is not None else run_defaults(name, params)[0]
     w = generate(name, num_tasks=n, rate_per_s=rate, seed=seed, **params)
     dump_workload(w, output)
@@ -173,7 +177,7 @@ def workloads_saturation(
 @workloads_app.command("validate")
 @lists_problems
 def workloads_validate(
-    path: Annotated[Path, typer.Argument(help="Trace file (JSONL).")],
+    path: Annotated[Path, typer.Argument(help="Trace file (JSONL).", readable=False)],
     kv_budget: Annotated[
         int | None,
         typer.Option("--kv-budget", help="Also check every call fits this KV budget (tokens)."),

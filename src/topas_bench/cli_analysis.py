@@ -42,10 +42,12 @@ def _collect(results: Path, slo: str, skip_bad: bool, allow_mixed: bool) -> Any:
     """Collect a results tree. A bad run (unreadable, partial, corrupt) is an error naming it,
     after listing every one, unless `skip_bad`; so are runs of several code versions, unless
     `allow_mixed`."""
-    from topas_bench.analysis.collect import check_revisions, collect
+    from topas_bench.analysis.collect import check_revisions, collect, unverified_note
     from topas_bench.analysis.metrics import Slo
 
     coll = collect(results, Slo.parse(slo))
+    if note := unverified_note(coll):
+        err.print(f"note: {results}: {note}", markup=False)
     for p in coll.problems:
         err.print(f"{'left out' if skip_bad else 'bad run'}: {p}", markup=False)
     if coll.problems and not skip_bad:
@@ -75,9 +77,14 @@ def _load(
 
 @handles_errors
 def report(
-    results: Annotated[Path, typer.Argument(help="A results directory tree (a sweep's --out).")],
+    results: Annotated[
+        Path, typer.Argument(help="A results directory tree (a sweep's --out).", readable=False)
+    ],
     out_dir: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Where report.md/.csv go (default: RESULTS).")
+        str | None,
+        typer.Option(
+            "--out", "-o", metavar="<path>", help="Where report.md/.csv go (default: RESULTS)."
+        ),
     ] = None,
     quiet: Annotated[bool, typer.Option(help="Do not print the Markdown.")] = False,
     slo: Annotated[
@@ -117,7 +124,7 @@ def report(
     """
     from topas_bench.analysis.render import to_markdown, write_report
 
-    target = check_out_dir(out_dir or results)
+    target = check_out_dir(out_dir if out_dir is not None else results)
     _, rep = _load(results, slo, skip_bad, allow_mixed_revisions, focus, tuned)
     files = write_report(rep, target)
     if not quiet:
@@ -127,10 +134,12 @@ def report(
 
 @handles_errors
 def figures(
-    results: Annotated[Path, typer.Argument(help="A results directory tree.")],
+    results: Annotated[Path, typer.Argument(help="A results directory tree.", readable=False)],
     out_dir: Annotated[
-        Path | None,
-        typer.Option("--out", "-o", help="Figure directory (default: RESULTS/figures)."),
+        str | None,
+        typer.Option(
+            "--out", "-o", metavar="<path>", help="Figure directory (default: RESULTS/figures)."
+        ),
     ] = None,
     slo: Annotated[str, typer.Option(help="Goodput's SLO: Nx unloaded JCT, or Ns.")] = "2x",
     skip_bad: SkipBad = False,
@@ -143,16 +152,16 @@ def figures(
     """
     from topas_bench.analysis.figures import write_figures
 
-    target = check_out_dir(out_dir or results / "figures")
+    target = check_out_dir(out_dir if out_dir is not None else results / "figures")
     coll, rep = _load(results, slo, skip_bad, allow_mixed_revisions)
     files = write_figures(coll, rep, target)
-    out.print(f"wrote {len(files)} files to {out_dir or results / 'figures'}", markup=False)
+    out.print(f"wrote {len(files)} files to {target}", markup=False)
 
 
 @handles_errors
 def compare(
-    new: Annotated[Path, typer.Argument(help="New results tree.")],
-    reference: Annotated[Path, typer.Argument(help="Reference results tree.")],
+    new: Annotated[Path, typer.Argument(help="New results tree.", readable=False)],
+    reference: Annotated[Path, typer.Argument(help="Reference results tree.", readable=False)],
     tolerance: Annotated[
         str,
         typer.Option(

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -101,10 +101,15 @@ handles_errors = _error_handler(list_problems=False)
 lists_problems = _error_handler(list_problems=True)
 
 
-def check_out_dir(path: Path, flag: str = "--out") -> Path:
+def check_out_dir(path: Path | str, flag: str = "--out") -> Path:
     """Fail before anything runs when `path` could not become a directory this process writes
-    to: it or an ancestor is a file, or the nearest existing one takes no new files. Creates
-    nothing that stays (a probe file comes and goes)."""
+    to: it is empty (a string as given: `--out ''` is no directory, though `Path('')` would be
+    the current one), it or an ancestor is a file, or the nearest existing one takes no new
+    files. Creates nothing that stays (a probe file comes and goes)."""
+    if isinstance(path, str):
+        if not path.strip():
+            raise TopasError(f"{flag} is empty; give a directory (`.` for the current one)")
+        path = Path(path)
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():
@@ -117,14 +122,37 @@ def check_out_dir(path: Path, flag: str = "--out") -> Path:
 
 def check_writable_file(path: Path) -> Path:
     """Fail before anything runs when the file `path` could not be written: its directory is
-    missing or takes no new files, or `path` is a directory."""
+    missing or takes no new files, or `path` is a directory or another thing that is not a
+    regular file (a device such as /dev/null, which the atomic rename would replace)."""
     if path.is_dir():
         raise TopasError(f"cannot write {path}: it is a directory")
+    if path.exists() and not path.is_file():
+        raise TopasError(f"cannot write {path}: not a regular file (a device, pipe or socket)")
     if not path.parent.is_dir():
         raise TopasError(f"cannot write {path}: {path.parent} is not a directory")
     if problem := _unwritable(path.parent):
         raise TopasError(f"cannot write {path}: {path.parent} takes no new files ({problem})")
     return path
+
+
+def check_not_input(output: Path, inputs: Mapping[str, Path | str], flag: str) -> Path:
+    """Fail when the file `output` would be written over one of `inputs` (what each is, by
+    its path): the same path, or another name of the same file (a link). Writing a command's
+    output over its input would lose the input, a recording that may not be made again."""
+    for what, given in inputs.items():
+        src = Path(given)
+        try:
+            same = output.resolve() == src.resolve() or (
+                output.exists() and os.path.samefile(output, src)
+            )
+        except (OSError, RuntimeError):  # a link loop, say: then it is no file to lose
+            same = False
+        if same:
+            raise TopasError(
+                f"{flag} {output}: that is {what} ({src}); writing over it would lose it, so "
+                "write to another file"
+            )
+    return output
 
 
 def _unwritable(directory: Path) -> str | None:

@@ -41,11 +41,14 @@ def fidelity(
     ] = None,
     preset: Annotated[str, typer.Option(help="Hardware/model preset.")] = "a100-qwen32b",
     kv_budget: Annotated[int | None, typer.Option(help="KV budget in tokens.")] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path(
-        "runs/fidelity"
-    ),
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Results directory.", readable=False)
+    ] = Path("runs/fidelity"),
     report: Annotated[
-        Path | None, typer.Option(help="Write the Markdown tables here (default OUT/fidelity.md).")
+        Path | None,
+        typer.Option(
+            help="Write the Markdown tables here (default OUT/fidelity.md).", readable=False
+        ),
     ] = None,
     force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
 ) -> None:

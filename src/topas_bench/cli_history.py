@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from topas_bench.cli_common import check_out_dir, err, handles_errors, out
+from topas_bench.errors import TopasError
 
 history_app = typer.Typer(
     no_args_is_help=True,
@@ -20,8 +21,10 @@ history_app = typer.Typer(
 @history_app.command("append")
 @handles_errors
 def history_append(
-    results: Annotated[Path, typer.Argument(help="A results tree (e.g. the nightly's runs).")],
-    history: Annotated[Path, typer.Option("--history", help="History directory.")],
+    results: Annotated[
+        Path, typer.Argument(help="A results tree (e.g. the nightly's runs).", readable=False)
+    ],
+    history: Annotated[Path, typer.Option("--history", help="History directory.", readable=False)],
     date: Annotated[
         str | None, typer.Option(help="Date of the point (default: today, UTC).")
     ] = None,
@@ -37,7 +40,11 @@ def history_append(
     from topas_bench.analysis.report import build_report
 
     day = date or datetime.datetime.now(datetime.UTC).date().isoformat()
-    rep = build_report(collect(results))
+    coll = collect(results)
+    if coll.problems:  # a point of the series is every run, or none
+        n = len(coll.problems)
+        raise TopasError(f"{results}: {n} bad run{'s' * (n != 1)} (first: {coll.problems[0]})")
+    rep = build_report(coll)
     files = append(rep, check_out_dir(history, "--history"), day, revision)
     out.print(f"appended {day} ({revision}) to {len(files)} series in {history}", markup=False)
 
@@ -45,7 +52,7 @@ def history_append(
 @history_app.command("check")
 @handles_errors
 def history_check(
-    history: Annotated[Path, typer.Argument(help="History directory.")],
+    history: Annotated[Path, typer.Argument(help="History directory.", readable=False)],
 ) -> None:
     """Exit 1 when TOPAS's margin over the best baseline fell from the previous point by more
     than the seed-to-seed noise the two points measured (95% half-widths in quadrature).
@@ -65,8 +72,10 @@ def history_check(
 @history_app.command("plot")
 @handles_errors
 def history_plot(
-    history: Annotated[Path, typer.Argument(help="History directory.")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Where the trend plots go.")],
+    history: Annotated[Path, typer.Argument(help="History directory.", readable=False)],
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Where the trend plots go.", readable=False)
+    ],
 ) -> None:
     """Draw each workload's trend: TOPAS's margins with intervals, every scheduler's mean JCT.
 

@@ -111,7 +111,9 @@ def run(
         typer.Option("--router-param", help="Router parameter, key=value (repeatable)."),
     ] = None,
     tuned: Tuned = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("runs"),
+    out_dir: Annotated[
+        str, typer.Option("--out", metavar="<path>", help="Results directory.")
+    ] = "runs",
     force: Annotated[bool, typer.Option(help="Re-run cells whose results already exist.")] = False,
     allow_large: AllowLarge = False,
 ) -> None:
@@ -144,8 +146,9 @@ def run(
         "--endpoint": endpoint, "--sglang-arg": sglang_arg, "--server-python": server_python,
         "--router-python": router_python,
     })  # fmt: skip
+    names = parse_schedulers("all" if scheduler is None else scheduler)  # `-s ''` is no name
     spec = RunSpec(
-        workload=workload, schedulers=parse_schedulers(scheduler or "all"), num_tasks=tasks,
+        workload=workload, schedulers=names, num_tasks=tasks,
         seed=seed, rate_per_s=rate, load=load, preset=preset, kv_budget_tokens=kv_budget,
         workload_params=parse_assignments(workload_param or [], "--workload-param"),
         scheduler_params=parse_scheduler_params(scheduler_param or []),
@@ -173,6 +176,9 @@ def run(
                 label = escape(scheduler_label(c.scheduler, variants[c.scheduler]))
                 results.append(replace(c, scheduler=label))
     print_run_table(out, plan, results)
+    for c in results:
+        if c.redone is not None:
+            err.print(f"redone: {c.run_dir}: {c.redone}", markup=False)
 
 
 def _tuned_variants(
@@ -203,7 +209,10 @@ def _listed(text: str | None, flag: str, kind: type[int] | type[float]) -> list[
 @handles_errors
 def sweep(
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Sweep file (TOML); flags override it.")
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Sweep file (TOML); flags override it.", readable=False
+        ),
     ] = None,
     workload: Annotated[
         str | None, typer.Option("--workload", "-w", help="Workloads, comma-separated.")
@@ -274,7 +283,8 @@ def sweep(
         ),
     ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Results directory (default: runs).")
+        str | None,
+        typer.Option("--out", metavar="<path>", help="Results directory (default: runs)."),
     ] = None,
     jobs: Annotated[
         int | None, typer.Option("--jobs", "-j", help="Local worker processes (default: cores).")
@@ -350,7 +360,7 @@ def sweep(
     outs = {o for _, o in specs if o is not None}
     if len(outs) > 1:
         raise TopasError(f"{source}: the sweeps name different `out` directories")
-    target = check_out_dir(out_dir or (Path(outs.pop()) if outs else Path("runs")))
+    target = check_out_dir(out_dir if out_dir is not None else (outs.pop() if outs else "runs"))
     with SweepBars(err) as bars:
         result = run_sweep(
             [s for s, _ in specs], target, jobs=jobs if jobs is not None else os.cpu_count() or 1,

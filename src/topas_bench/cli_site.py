@@ -19,10 +19,16 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 def site(
     results: Annotated[
-        Path, typer.Argument(help="A run tree, or a directory of them and of report directories.")
+        Path,
+        typer.Argument(
+            help="A run tree, or a directory of them and of report directories.", readable=False
+        ),
     ],
     out_dir: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Site directory (default: RESULTS/site).")
+        str | None,
+        typer.Option(
+            "--out", "-o", metavar="<path>", help="Site directory (default: RESULTS/site)."
+        ),
     ] = None,
     runs: Annotated[
         list[str] | None,
@@ -32,7 +38,10 @@ def site(
     ] = None,
     history: Annotated[
         Path | None,
-        typer.Option(help="The nightly history's series directory (`history append --history`)."),
+        typer.Option(
+            help="The nightly history's series directory (`history append --history`).",
+            readable=False,
+        ),
     ] = None,
     slo: Annotated[str, typer.Option(help="Goodput's SLO for run trees: Nx or Ns.")] = "2x",
     skip_bad: Annotated[
@@ -64,7 +73,7 @@ def site(
     for name, path in behind.items():
         if not path.is_dir():
             raise TopasError(f"--runs {name}={path}: not a directory")
-    target = check_out_dir(out_dir or results / "site")
+    target = check_out_dir(out_dir if out_dir is not None else results / "site")
     words = ["topas-bench", "site", str(results), "--out", str(target)]
     words += [f"--runs={k}={v}" for k, v in behind.items()]
     words += [f"--history={history}"] if history else []

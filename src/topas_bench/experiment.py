@@ -15,6 +15,7 @@ from typing import Any
 
 from topas_bench.errors import TopasError
 from topas_bench.harness import run_cell
+from topas_bench.horizon import FIX_PRESET, LIMIT, check_plan, too_far
 from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
 from topas_bench.progress import Progress
 from topas_bench.runners.engines import ENGINES
@@ -32,6 +33,8 @@ from topas_bench.workloads.trace_parse import MAX_TIME_S
 CAPACITY_PROBE_TASKS = 200
 CAPACITY_JCT_INFLATION = 3.0
 CAPACITY_BISECTIONS = 7
+#: Doublings of the probe's rate before it gives up: 2^64 times the unloaded rate.
+CAPACITY_DOUBLINGS = 64
 
 
 def plan_run(
@@ -92,6 +95,8 @@ def plan_run(
         raise TopasError(
             f"workload {workload!r} is invalid ({len(problems)} problems): {p.field}: {p.message}"
         )
+    # a real server's speed is unknown: only the client's own delays bound a JCT
+    check_plan(w, None if spec.engine.real_server else CostModel(pre), spec.workload, spec.preset)
     return RunPlan(
         workload=w, workload_name=workload, workload_params=wparams,
         schedulers=spec.schedulers, scheduler_params=spec.scheduler_params,
@@ -200,10 +205,24 @@ def _measure_capacity(
         return float(res.tasks["jct_s"].mean())
 
     solo = mean_jct(1e-9)
+    if too_far(solo) or not solo > 0:  # a preset too slow or fast to time: no probe ends
+        raise TopasError(
+            f"preset {preset.source or preset.name}: a {workload} task alone takes {solo:.3g} s "
+            f"on it; {'past ' + LIMIT if solo > 0 else 'its calls vanish in rounding'}; "
+            f"{FIX_PRESET}"
+        )
     target = CAPACITY_JCT_INFLATION * solo
     lo, hi = 0.0, 1.0 / solo
-    while mean_jct(hi) < target:
+    for _ in range(CAPACITY_DOUBLINGS):
+        if mean_jct(hi) >= target:
+            break
         lo, hi = hi, hi * 2.0
+    else:
+        raise TopasError(
+            f"{workload} under {scheduler} on preset {preset.name}: no capacity found (the "
+            f"mean JCT stays below {CAPACITY_JCT_INFLATION:g}x its unloaded one up to "
+            f"{hi:.3g} tasks/s)"
+        )
     lo = lo or hi / 2.0
     for _ in range(CAPACITY_BISECTIONS):
         mid = math.sqrt(lo * hi)

@@ -10,9 +10,11 @@ information and the writing, checked against the workload's JCT floors (`results
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from topas_bench.analysis.metrics import RunTables, run_info
 from topas_bench.errors import TopasError
+from topas_bench.horizon import check_served
 from topas_bench.invariants import cost_floor, jct_floors, no_floor
 from topas_bench.plan import (
     Cell,
@@ -20,10 +22,10 @@ from topas_bench.plan import (
     CellResult,
     RunPlan,
     Served,
-    stored_cell,
+    cached_cell,
     workload_digest,
 )
-from topas_bench.results import TABLES, is_finished, write_run
+from topas_bench.results import TABLES, check_cell, is_finished, write_run
 from topas_bench.runners.engines import ENGINES
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.unloaded import with_unloaded_jct
@@ -35,10 +37,11 @@ def run_cell(
     *,
     force: bool = False,
     on_task_done: Callable[[int], None] | None = None,
+    compact: bool = False,
 ) -> CellResult:
     """One scheduler of `plan` (`run_cells`); `on_task_done(n)` as its tasks finish."""
     progress = None if on_task_done is None else lambda _, done: on_task_done(done)
-    return run_cells(plan, [scheduler], force=force, progress=progress)[0]
+    return run_cells(plan, [scheduler], force=force, progress=progress, compact=compact)[0]
 
 
 def run_cells(
@@ -47,32 +50,43 @@ def run_cells(
     *,
     force: bool = False,
     progress: CellProgress | None = None,
+    compact: bool = False,
 ) -> list[CellResult]:
     """Every scheduler's cell of `plan`, in order: the stored result of a cell with the same
     identity and workload sample, unless `force`; else served by the plan's engine, all
-    pending cells in one call (`progress(i, done)` counts the i-th pending cell's tasks)."""
+    pending cells in one call (`progress(i, done)` counts the i-th pending cell's tasks).
+    `compact` stores new cells' tables smaller (`results.write_run`)."""
     digest = workload_digest(plan.workload)
     results: dict[str, CellResult] = {}
     pending: list[Cell] = []
+    redone: dict[str, str] = {}
     for name in schedulers:
         run_dir = plan.identity(name).run_dir(plan.out)
-        stored = None if force else stored_cell(name, run_dir, digest)
-        if stored is not None:
-            results[name] = stored
-        else:  # a finished directory that is not reusable holds a stale result: start afresh
-            params = plan.scheduler_params.get(name, {})
-            pending.append(Cell(name, params, run_dir, fresh=force or is_finished(run_dir)))
+        why = None if force else check_cell(run_dir, digest, require_digests=True)
+        if not force and why is None:
+            results[name] = cached_cell(name, run_dir)
+            continue
+        if why is not None and is_finished(run_dir):  # stale or corrupt: start afresh
+            redone[name] = why
+        params = plan.scheduler_params.get(name, {})
+        pending.append(Cell(name, params, run_dir, fresh=force or is_finished(run_dir)))
     if pending:
         served = ENGINES.get(plan.engine).server().serve(plan, pending, progress)
         for cell, out in zip(pending, served, strict=True):
-            results[cell.scheduler] = _store(plan, cell, out, digest)
+            stored = _store(plan, cell, out, digest, compact)
+            results[cell.scheduler] = replace(stored, redone=redone.get(cell.scheduler))
     return [results[name] for name in schedulers]
 
 
-def _store(plan: RunPlan, cell: Cell, served: Served, digest: str) -> CellResult:
+def _store(
+    plan: RunPlan, cell: Cell, served: Served, digest: str, compact: bool = False
+) -> CellResult:
     """Write a served cell (docs/design.md section 8): the tasks with their unloaded JCT (for
     goodput; a real server's is the cost model's estimate), `run.json` with the summary,
-    counters, times and the engine's own fields."""
+    counters, times and the engine's own fields. A cell whose clock went past the limit
+    (`horizon.check_served`) is refused, not written."""
+    if served.failed is None:
+        check_served(served.tables)
     tasks = with_unloaded_jct(served.tables["tasks"], plan.workload, plan.preset, plan.sim)
     tables = {**served.tables, "tasks": tasks.reset_index(drop=True)}
     if served.failed is not None:  # kept for the rerun that retries it; no run.json
@@ -96,7 +110,8 @@ def _store(plan: RunPlan, cell: Cell, served: Served, digest: str) -> CellResult
     # a real server's speed is unknown: only the client's own delays bound a JCT
     floor = no_floor if plan.options.real_server else cost_floor(CostModel(plan.preset))
     ident = plan.identity(cell.scheduler)
-    write_run(cell.run_dir, ident, tables, info, jct_floor_s=jct_floors(plan.workload, floor))
+    floors = jct_floors(plan.workload, floor)
+    write_run(cell.run_dir, ident, tables, info, jct_floor_s=floors, compact=compact)
     return CellResult(
         cell.scheduler, cell.run_dir, recorded["summary"], served.sim_time_s, served.wall_s,
         extra=served.extra,

@@ -52,7 +52,12 @@ CallFloor = Callable[[Stage], float]
 
 
 class InvariantError(Exception):
-    """A result that breaks an invariant: a bug of an engine (exit code 70), not bad input."""
+    """A result that breaks an invariant: a bug of an engine (exit code 70), not bad input.
+    `table`: the table it is in (`tasks`, `requests`), when one is to blame."""
+
+    def __init__(self, message: str, table: str | None = None) -> None:
+        super().__init__(message)
+        self.table = table
 
 
 def cost_floor(cost: CostModel) -> CallFloor:
@@ -96,73 +101,145 @@ def _longest_path(t: Task, call_floor: CallFloor) -> float:
 
 def check_cell(tables: Mapping[str, pd.DataFrame], jct_floor_s: Mapping[str, float]) -> None:
     """Raise `InvariantError` naming the first broken invariant (module docstring) of a cell's
-    `tasks` and `requests` tables, given each task's JCT floor."""
-    tasks, requests = tables["tasks"], tables["requests"]
-    ids = tasks["task_id"].astype(str)
-    if ids.duplicated().any():
-        _fail(f"task {ids[ids.duplicated()].iloc[0]!r} appears twice")
+    `tasks` and `requests` tables, given each task's JCT floor: the check on write."""
+    tasks = tables["tasks"]
+    ids = _ids(tasks)
     if set(ids) != set(jct_floor_s):
         missing = sorted(set(jct_floor_s) - set(ids))[:1] or sorted(set(ids) - set(jct_floor_s))
         _fail(f"{len(ids)} tasks recorded for {len(jct_floor_s)} in the workload (e.g. {missing})")
-    arrival, finish, jct = (
-        tasks[c].to_numpy(dtype=float) for c in ("arrival_s", "finish_s", "jct_s")
+    floor = np.fromiter((jct_floor_s[i] for i in ids), float, len(ids))
+    _check_tables(tasks, tables["requests"], ids, floor)
+
+
+def check_stored(tables: Mapping[str, pd.DataFrame], num_tasks: int) -> None:
+    """Raise `InvariantError` naming the first broken invariant of a stored cell's `tasks` and
+    `requests` tables: the check on read, of what the tables prove without the workload and
+    preset that give the floors. Every invariant of the module docstring but JCT >= floor, as
+    many tasks as the run's identity says, and `_check_tables`' own. A table of the wrong shape
+    (a column missing, a time that is not a number) is broken too."""
+    for name, cols in (("tasks", _TASK_COLS), ("requests", _REQUEST_COLS)):
+        if missing := [c for c in cols if c not in tables[name].columns]:
+            _fail(f"no column {missing[0]!r}", name)
+    tasks = tables["tasks"]
+    try:
+        ids = _ids(tasks)
+        if len(ids) != num_tasks:
+            _fail(f"{len(ids)} tasks recorded for {num_tasks} in the run's identity", "tasks")
+        _check_tables(tasks, tables["requests"], ids, None)
+    except (TypeError, ValueError) as e:  # e.g. a time column of strings
+        _fail(f"a column is not numeric ({str(e)[:80]})")
+
+
+def _ids(tasks: pd.DataFrame) -> np.ndarray:
+    """The task ids as strings, each once (else the `InvariantError`)."""
+    ids = tasks["task_id"].to_numpy().astype(str)
+    order = np.argsort(ids, kind="stable")
+    twice = ids[order][1:] == ids[order][:-1]
+    if twice.any():
+        _fail(f"task {ids[order][1:][twice][0]!r} appears twice", "tasks")
+    return ids
+
+
+def _check_tables(
+    tasks: pd.DataFrame, requests: pd.DataFrame, ids: np.ndarray, floor: np.ndarray | None
+) -> None:
+    """Beyond the module docstring's: JCT > 0, the unloaded JCT > 0, no stage's call twice, a
+    call's service (time in batches) within its span, a task's attained service the sum of its
+    calls' (1e-6 relative)."""
+    arrival, finish, jct, attained = (
+        tasks[c].to_numpy(dtype=float) for c in ("arrival_s", "finish_s", "jct_s", "attained_s")
     )
-    floor = ids.map(jct_floor_s).to_numpy(dtype=float)
-    tol = RTOL * floor + ULPS * np.spacing(np.minimum(np.abs(np.nan_to_num(finish)), _TOP_S))
-    _each(
-        ids,
-        ~(np.isfinite(arrival) & np.isfinite(finish) & np.isfinite(jct)),
-        "a time is not finite",
-        tasks,
+    ulp = ULPS * np.spacing(np.minimum(np.abs(np.nan_to_num(finish)), _TOP_S))
+    # on read the floor is unknown: 1e-6 of the JCT bounds the write side's 1e-6 of the floor
+    bound = floor if floor is not None else np.abs(np.nan_to_num(jct))
+    tol = RTOL * bound + ulp * (1 if floor is not None else 2)
+    where = _Rows(tasks, "tasks", ids)
+    where.each(
+        ~(np.isfinite(arrival) & np.isfinite(finish) & np.isfinite(jct)), "a time is not finite"
     )
-    _each(ids, np.abs(jct - (finish - arrival)) > tol, "JCT is not finish - arrival", tasks)
-    _each(ids, jct < floor - tol, "JCT is below its floor", tasks, floor)
+    where.each(np.abs(jct - (finish - arrival)) > tol, "JCT is not finish - arrival")
+    if floor is not None:
+        where.each(jct < floor - tol, "JCT is below its floor", floor)
+    where.each(~(jct > 0), "JCT is not positive")
     if "unloaded_jct_s" in tasks:
         alone = tasks["unloaded_jct_s"].to_numpy(dtype=float)
-        bad = ~np.isfinite(alone) | (alone < floor * (1 - RTOL))
-        _each(ids, bad, "unloaded JCT is not finite or below the floor", tasks, floor)
-    _check_requests(requests, tasks.set_index(ids))
+        bad = ~(np.isfinite(alone) & (alone > 0))
+        if floor is not None:
+            bad |= alone < floor * (1 - RTOL)
+        where.each(bad, "unloaded JCT is not finite or below the floor", floor)
+    where.each(~(np.isfinite(attained) & (attained >= 0)), "attained service is not >= 0")
+    _check_requests(requests, where, (arrival, finish, attained))
 
 
-def _check_requests(requests: pd.DataFrame, tasks: pd.DataFrame) -> None:
-    if (bad := requests["status"] != "ok").any():
-        row = requests[bad].iloc[0]
-        _fail(
-            f"call {row['task_id']}/{row['stage_id']} is in the cell with status {row['status']!r}"
+class _Rows:
+    """A table and its rows' names (`ids`, and `stages` for calls): `each` names the first
+    bad row in the `InvariantError`."""
+
+    def __init__(
+        self, table: pd.DataFrame, name: str, ids: np.ndarray, stages: np.ndarray | None = None
+    ) -> None:
+        self.table, self.name, self.ids, self.stages = table, name, ids, stages
+
+    def each(self, bad: np.ndarray, what: str, floor: np.ndarray | None = None) -> None:
+        if not bad.any():
+            return
+        i = int(np.flatnonzero(bad)[0])
+        row = self.table.iloc[i]
+        shown = {c: row[c] for c in _SHOWN if c in row.index}
+        if floor is not None:
+            shown["floor"] = floor[i]
+        values = ", ".join(
+            f"{k} {v:.9g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items()
         )
-    ids = requests["task_id"].astype(str)
-    if not ids.isin(tasks.index).all():
-        _fail(f"call of an unknown task {ids[~ids.isin(tasks.index)].iloc[0]!r}")
+        name = self.ids[i] if self.stages is None else f"{self.ids[i]}/{self.stages[i]}"
+        _fail(f"{name}: {what} ({values}); {int(bad.sum())} of {len(bad)} rows", self.name)
+
+
+def _check_requests(
+    requests: pd.DataFrame,
+    tasks: _Rows,
+    task_times: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    arrival, done, attained = task_times
+    rids = requests["task_id"].to_numpy().astype(str)
+    stage_ids = requests["stage_id"].to_numpy().astype(str)
+    calls = _Rows(requests, "requests", rids, stage_ids)
+    status = requests["status"].to_numpy()
+    if (bad := status != "ok").any():
+        calls.each(bad, f"in the cell with status {str(status[bad][0])!r}")
+    if not len(tasks.ids):
+        _fail("no tasks", "tasks")
+    order = np.argsort(tasks.ids)  # each call's task: its row in `tasks`
+    pos = order[np.searchsorted(tasks.ids, rids, sorter=order).clip(0, len(order) - 1)]
+    calls.each(tasks.ids[pos] != rids, "a call of an unknown task")
     t = {c: requests[c].to_numpy(dtype=float) for c in _TIMES}
-    arrival = ids.map(tasks["arrival_s"]).to_numpy(dtype=float)
-    done = ids.map(tasks["finish_s"]).to_numpy(dtype=float)
-    where = ids + "/" + requests["stage_id"].astype(str)
-    _each(
-        where,
-        ~(np.isfinite(t["ready_s"]) & np.isfinite(t["finish_s"])),
-        "a time is not finite",
-        requests,
-    )
+    calls.each(~(np.isfinite(t["ready_s"]) & np.isfinite(t["finish_s"])), "a time is not finite")
     for a, b in _ORDER:  # NaN (not seen by this engine) compares False: skipped
-        _each(where, t[a] > t[b], f"{a} > {b}", requests)
-    _each(where, t["ready_s"] < arrival, "ready before its task arrived", requests)
-    _each(where, t["finish_s"] > done, "finished after its task", requests)
-    last = requests.assign(_f=t["finish_s"]).groupby(ids)["_f"].max()
-    ends = tasks["finish_s"].loc[last.index].to_numpy(dtype=float)
-    tol = ULPS * np.spacing(np.minimum(np.abs(ends), _TOP_S))
-    _each(
-        pd.Series(last.index),
-        np.abs(last.to_numpy() - ends) > tol,
+        calls.each(t[a] > t[b], f"{a} > {b}")
+    calls.each(t["ready_s"] < arrival[pos], "ready before its task arrived")
+    calls.each(t["finish_s"] > done[pos], "finished after its task")
+    stage = np.unique(stage_ids, return_inverse=True)[1].ravel()
+    key = pos.astype(np.int64) * (int(stage.max(initial=0)) + 1) + stage
+    by_key = np.argsort(key, kind="stable")
+    twice = np.zeros(len(key), bool)
+    twice[by_key[1:]] = key[by_key][1:] == key[by_key][:-1]
+    calls.each(twice, "a stage's call appears twice")
+    span = t["finish_s"] - t["ready_s"]
+    service = requests["service_s"].to_numpy(dtype=float)
+    slack = RTOL * span + ULPS * np.spacing(np.minimum(np.abs(t["finish_s"]), _TOP_S))
+    calls.each(~((service >= 0) & (service <= span + slack)), "service is not within the call")
+    n = len(tasks.ids)
+    last = np.full(n, -np.inf)
+    np.maximum.at(last, pos, t["finish_s"])
+    tasks.each(
+        np.abs(last - done) > ULPS * np.spacing(np.minimum(np.abs(done), _TOP_S)),
         "task finish is not its last call's",
-        tasks,
     )
-    calls = ids.value_counts().reindex(tasks.index, fill_value=0)
-    _each(
-        pd.Series(tasks.index),
-        calls.to_numpy() != tasks["stages"].to_numpy(),
-        "calls != stages",
-        tasks,
-    )
+    stages = tasks.table["stages"].to_numpy()
+    tasks.each(np.bincount(pos, minlength=n) != stages, "calls != stages")
+    total = np.bincount(pos, weights=service, minlength=n)
+    off = np.abs(attained - total) > RTOL * attained + ULPS * np.spacing(attained)
+    tasks.each(off, "attained service is not the sum of its calls'")
 
 
 _TIMES = ("ready_s", "first_admitted_s", "admitted_s", "first_token_s", "finish_s")
@@ -171,28 +248,8 @@ _ORDER = (
     ("admitted_s", "finish_s"), ("first_admitted_s", "first_token_s"),
     ("ready_s", "first_token_s"), ("first_token_s", "finish_s"),
 )  # fmt: skip
-
-
-def _each(
-    names: pd.Series,
-    bad: np.ndarray,
-    what: str,
-    table: pd.DataFrame,
-    floor: np.ndarray | None = None,
-) -> None:
-    if not bad.any():
-        return
-    i = int(np.flatnonzero(bad)[0])
-    row = table.iloc[i]
-    shown = {c: row[c] for c in _SHOWN if c in row.index}
-    if floor is not None:
-        shown["floor"] = floor[i]
-    values = ", ".join(
-        f"{k} {v:.9g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items()
-    )
-    _fail(f"{names.iloc[i]}: {what} ({values}); {int(bad.sum())} of {len(bad)} rows")
-
-
+_TASK_COLS = ("task_id", "arrival_s", "finish_s", "jct_s", "stages", "attained_s")
+_REQUEST_COLS = ("task_id", "stage_id", "status", "service_s", *_TIMES)
 _SHOWN = (
     "arrival_s",
     "ready_s",
@@ -205,5 +262,5 @@ _SHOWN = (
 )
 
 
-def _fail(message: str) -> None:
-    raise InvariantError(f"broken result invariant: {message}")
+def _fail(message: str, table: str | None = None) -> None:
+    raise InvariantError(f"broken result invariant: {message}", table)

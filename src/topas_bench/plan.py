@@ -97,6 +97,9 @@ class CellResult:
     wall_s: float
     cached: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    #: why the stored cell of this identity was not reused but run again (corrupt, stale, too
+    #: old to verify: `results.check_cell`), or None
+    redone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,11 @@ def stored_cell(scheduler: str, run_dir: Path, digest: str) -> CellResult | None
     (`results.reusable`), else None."""
     if not reusable(run_dir, digest):
         return None
+    return cached_cell(scheduler, run_dir)
+
+
+def cached_cell(scheduler: str, run_dir: Path) -> CellResult:
+    """The result of a stored cell already verified (`results.check_cell`), from run.json."""
     meta = read_meta(run_dir)
     return CellResult(
         scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True

@@ -21,6 +21,8 @@ from dataclasses import replace
 
 import pandas as pd
 
+from topas_bench.errors import TopasError
+from topas_bench.horizon import LIMIT, too_far
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, Preset
 from topas_bench.runners.sim.engine import Simulator
@@ -37,10 +39,20 @@ def unloaded_jct(w: Workload, preset: Preset, sim: SimConfig) -> dict[str, float
     cfg = replace(sim, record_timeline=False, check_invariants=False)
     gap = GAP_S
     while True:
+        if too_far((len(order) - 1) * gap):
+            raise TopasError(
+                f"the unloaded run (each of {len(order):,} tasks alone, {gap:g} s apart, as some "
+                f"take that long) would pass {LIMIT}; run fewer tasks"
+            )
         alone = replace(w, tasks=tuple(replace(t, arrival_s=i * gap) for i, t in enumerate(order)))
         res = Simulator(alone, make_policy("fcfs"), CostModel(preset), cfg).run()
         done = res.tasks.sort_values("arrival_s")
         finish, arrival = done["finish_s"].to_numpy(), done["arrival_s"].to_numpy()
+        if too_far(float(finish.max())):
+            raise TopasError(
+                f"the unloaded run (each of {len(order):,} tasks alone) ended at "
+                f"{finish.max():.3g} s, past {LIMIT}; run fewer tasks"
+            )
         if (finish[:-1] <= arrival[1:]).all():  # each was alone
             return dict(zip(res.tasks["task_id"], res.tasks["jct_s"].astype(float), strict=True))
         gap *= 10

@@ -1,13 +1,16 @@
 """Read a results tree into one row per run (docs/design.md section 8: analysis only reads files).
 
-A run directory is taken only when it is whole: `run.json` readable with an identity that
-matches the directory's name, every table present and readable with the row count run.json
-records (`results.check_cell`), and one task row per task of the identity. Anything else is
-reported as a problem and left out, never mixed in (the CLI refuses to report a tree with
-problems unless told to skip them). Directories whose names start with a dot (cells being
-written, `results.write_run`) are not results and are not looked at. Runs of one group (same
-identity but scheduler) and seed must share the workload sample (`workload_digest`); when they
-do not, the tree is an error, not a comparison. `check_revisions` tells whether the runs come
+A run directory is taken only when it is whole and verified (`results.load_cell`): `run.json`
+readable with an identity that matches the directory's name, every table present, matching the
+digest run.json records and with its row count, and the result invariants holding on the tables
+read (`invariants.check_stored`: one task row per task of the identity, times finite and
+ordered, JCT > 0, ...). Anything else is reported as a problem and left out, never mixed in
+(the CLI refuses to report a tree with problems unless told to skip them). Runs of a format
+before table digests are taken unverified and listed in `Collection.unverified`. Directories
+whose names start with a dot (cells being written, `results.write_run`) are not results and
+are not looked at. Runs of one group (same identity but scheduler) and seed must share the
+workload sample (`workload_digest`); when they do not, the tree is an error, not a
+comparison. `check_revisions` tells whether the runs come
 from one code revision and results format.
 
 Metrics are recomputed from the files with the `METRICS` table (`summarize`), the same
@@ -27,14 +30,7 @@ import pandas as pd
 
 from topas_bench.analysis.metrics import RunTables, Slo, mechanism, stage_summary, summarize
 from topas_bench.errors import TopasError
-from topas_bench.results import (
-    TABLES,
-    RunIdentity,
-    check_cell,
-    is_hidden,
-    read_meta,
-    read_table,
-)
+from topas_bench.results import TABLES, CellError, RunIdentity, is_hidden, load_cell
 from topas_bench.workloads import lengths
 
 #: Identity fields that vary within a group, i.e. are not part of the group key.
@@ -46,7 +42,8 @@ LENGTH_KEYS = (lengths.MODE, lengths.CAP)
 class Collection:
     """`runs`: one row per usable run (identity fields, group key and label, scheduler label,
     metrics); `jct`: each run's task JCTs by path; `stages`: per run (`path`) and stage kind,
-    `metrics.stage_summary`; `problems`: what was left out and why; `slo`: goodput's SLO."""
+    `metrics.stage_summary`; `problems`: what was left out and why; `slo`: goodput's SLO;
+    `unverified`: runs taken without digests to check (a format before them), by path."""
 
     root: Path
     runs: pd.DataFrame
@@ -54,6 +51,7 @@ class Collection:
     problems: list[str] = field(default_factory=list)
     stages: pd.DataFrame = field(default_factory=pd.DataFrame)
     slo: Slo = field(default_factory=Slo)
+    unverified: list[str] = field(default_factory=list)
 
 
 def collect(root: Path, slo: Slo | None = None) -> Collection:
@@ -64,12 +62,14 @@ def collect(root: Path, slo: Slo | None = None) -> Collection:
     coll = Collection(root, pd.DataFrame(), slo=slo or Slo())
     for run_dir in _run_dirs(root):
         try:
-            row, jct, per_stage = _read_run(run_dir, coll.slo)
+            row, jct, per_stage, verified = _read_run(run_dir, coll.slo)
         except TopasError as e:
             coll.problems.append(f"{_rel(run_dir, root)}: {e}".replace(f"{run_dir}/", ""))
             continue
         row["path"] = str(run_dir)
         rows.append(row)
+        if not verified:
+            coll.unverified.append(str(run_dir))
         coll.jct[str(run_dir)] = jct
         stages += [{"path": str(run_dir), "kind": k, **v} for k, v in per_stage.items()]
     if not rows:
@@ -104,33 +104,23 @@ def _run_dirs(root: Path) -> list[Path]:
 
 def _read_run(
     run_dir: Path, slo: Slo
-) -> tuple[dict[str, Any], np.ndarray, dict[str, dict[str, float]]]:
+) -> tuple[dict[str, Any], np.ndarray, dict[str, dict[str, float]], bool]:
     if not (run_dir / "run.json").is_file():
         raise TopasError("unfinished run (no run.json)")
-    meta = read_meta(run_dir)
     try:
-        ident = RunIdentity(**meta["identity"])
-        expected = ident.run_dir(Path())
-    except (TypeError, ValueError, KeyError) as e:
-        raise TopasError(f"run.json has a malformed identity ({e})") from None
-    if run_dir.parts[-3:] != expected.parts:
-        raise TopasError(f"directory does not match its identity (expected {expected})")
-    if (problem := check_cell(run_dir)) is not None:
-        raise TopasError(problem)
-    tasks = read_table(run_dir, "tasks")
-    decisions = read_table(run_dir, "decisions")
-    requests = read_table(run_dir, "requests")
-    timeline = read_table(run_dir, "timeline")
-    if len(tasks) != ident.num_tasks or "jct_s" not in tasks:
-        raise TopasError(f"partial run: {len(tasks)} of {ident.num_tasks} tasks recorded")
+        cell = load_cell(run_dir, read=("decisions", "timeline"))
+    except CellError as e:
+        raise TopasError(str(e)) from None
+    meta, ident = cell.meta, cell.identity
+    tasks, requests = cell.tables["tasks"], cell.tables["requests"]
     digest = meta.get("workload_digest")
     if not isinstance(digest, str):
         raise TopasError("run.json has no workload_digest; cannot check the workload sample")
     counters = {k: float(v) for k, v in (meta.get("counters") or {}).items()}
-    metrics = summarize(RunTables(tasks, requests, decisions, counters, slo))
+    metrics = summarize(RunTables(tasks, requests, cell.tables["decisions"], counters, slo))
     jct = tasks["jct_s"].to_numpy(dtype=float)
-    row = _row(ident, meta, digest) | metrics | mechanism(timeline)
-    return row, jct, stage_summary(requests)
+    row = _row(ident, meta, digest) | metrics | mechanism(cell.tables["timeline"])
+    return row, jct, stage_summary(requests), cell.verified
 
 
 def _row(ident: RunIdentity, meta: dict[str, Any], digest: str) -> dict[str, Any]:
@@ -161,6 +151,18 @@ def workload_label(ident: RunIdentity) -> str:
     """The workload's name; a trace file (the `trace` workload) by its file name."""
     file = ident.workload_params.get("file") if ident.workload == "trace" else None
     return Path(str(file)).name if file else ident.workload
+
+
+def unverified_note(coll: Collection) -> str | None:
+    """One line on the runs taken without digests (`Collection.unverified`), or None."""
+    if not coll.unverified:
+        return None
+    n, first = len(coll.unverified), _rel(Path(coll.unverified[0]), coll.root)
+    return (
+        f"{n} run{'s' * (n != 1)} written before table digests (results format 2 or older, "
+        f"e.g. {first}): read unverified (row counts and result invariants checked, not the "
+        "tables' digests)"
+    )
 
 
 def code_version(meta: dict[str, Any]) -> str:

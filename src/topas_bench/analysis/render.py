@@ -51,7 +51,14 @@ def reduction_text(row: pd.Series, m: str, against: str = "") -> str:
 
 
 def _table(records: list[dict[str, str]]) -> list[str]:
-    return [pd.DataFrame(records).to_markdown(index=False, disable_numparse=True), ""]
+    """A Markdown table; a `|` or line break in a cell (a stage kind or scheduler name from a
+    trace) is escaped, so it stays in its cell."""
+    cells = [{_cell(k): _cell(v) for k, v in r.items()} for r in records]
+    return [pd.DataFrame(cells).to_markdown(index=False, disable_numparse=True), ""]
+
+
+def _cell(v: Any) -> str:
+    return " ".join(str(v).replace("|", "\\|").splitlines())
 
 
 def to_markdown(rep: Report) -> str:

@@ -96,13 +96,16 @@ def _wrote(w: Workload, output: Path) -> None:
 @trace_app.command("import")
 @lists_problems
 def trace_import(
-    file: Annotated[Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).")],
+    file: Annotated[
+        Path, typer.Argument(help="Recorded MetaGPT call trace (JSONL).", readable=False)
+    ],
     output: Annotated[
         Path | None,
         typer.Option(
             "--output",
             "-o",
             help="Workload trace to write (default: <FILE>.workload.jsonl beside FILE).",
+            readable=False,
         ),
     ] = None,
     tasks: Annotated[int, typer.Option("--tasks", "-n", help="Replicate the job as N tasks.")] = 1,
@@ -140,14 +143,14 @@ def trace_import(
       topas-bench trace import sop-2048-offline.jsonl
       topas-bench trace import tl-2048-offline.jsonl -n 50 --rate 0.002 -o tl50.jsonl
     """
-    from topas_bench.cli_common import check_writable_file
+    from topas_bench.cli_common import check_not_input, check_writable_file
     from topas_bench.workloads.lengths import METAGPT_CAP
     from topas_bench.workloads.metagpt_import import import_trace
 
     if max_tokens_cap is not None and max_tokens != "cap":
         raise TopasError(f"--max-tokens-cap applies only to --max-tokens cap, not {max_tokens!r}")
     target = output or _default_out(file)
-    check_writable_file(target)
+    check_writable_file(check_not_input(target, {"the call trace being imported": file}, "-o"))
     with _bars() as progress:
         bars = _Bars(progress)
         w = import_trace(
@@ -169,21 +172,26 @@ def trace_record(
     model: Annotated[str, typer.Option(help="Model name the server serves.")],
     workflow: Annotated[str, typer.Option(help="`sop` (MetaGPT 0.8.2) or `tl` (main).")] = "sop",
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Call trace to write (JSONL).")
+        Path, typer.Option("--output", "-o", help="Call trace to write (JSONL).", readable=False)
     ] = Path("metagpt-calls.jsonl"),
     workload_output: Annotated[
         Path | None,
-        typer.Option(help="Imported workload (default: <OUTPUT>.workload.jsonl beside OUTPUT)."),
+        typer.Option(
+            help="Imported workload (default: <OUTPUT>.workload.jsonl beside OUTPUT).",
+            readable=False,
+        ),
     ] = None,
     keep_text: Annotated[bool, typer.Option(help="Also store prompts and completions.")] = False,
     run_tests: Annotated[bool, typer.Option(help="sop: hire the QaEngineer too.")] = False,
     api_key: Annotated[str, typer.Option(help="API key sent to the server.")] = "sk-none",
     metagpt_src: Annotated[
-        Path | None, typer.Option(help="tl: a checkout of MetaGPT's main branch.")
+        Path | None, typer.Option(help="tl: a checkout of MetaGPT's main branch.", readable=False)
     ] = None,
     metagpt_venv: Annotated[
         Path | None,
-        typer.Option(help="MetaGPT venv (default: .venvs/metagpt; tl: .venvs/metagpt-main)."),
+        typer.Option(
+            help="MetaGPT venv (default: .venvs/metagpt; tl: .venvs/metagpt-main).", readable=False
+        ),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
 ) -> None:
@@ -198,9 +206,12 @@ def trace_record(
       topas-bench trace record --workflow tl --metagpt-src ../MetaGPT --idea "a 2048 game" \\
         --base-url http://127.0.0.1:30000/v1 --model qwen -o tl-calls.jsonl
     """
+    from topas_bench.cli_common import check_not_input
     from topas_bench.recorder.record import record
     from topas_bench.workloads.metagpt_import import import_trace
 
+    if workload_output is not None:  # before hours of recording, not after
+        check_not_input(workload_output, {"the call trace to record": output}, "--workload-output")
     rec = record(
         workflow=workflow, idea=idea, base_url=base_url, model=model, out=output,
         api_key=api_key, keep_text=keep_text, run_tests=run_tests, metagpt_src=metagpt_src,

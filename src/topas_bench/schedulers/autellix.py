@@ -53,7 +53,7 @@ class Autellix(OrderingPolicy):
         self, quantum_s: float = 2.0, levels: int = 8, starvation_ratio: float = 2.0
     ) -> None:
         require_number(self.name, "quantum_s", quantum_s, strict=True)
-        require_int(self.name, "levels", levels, 1)
+        require_int(self.name, "levels", levels, 1, high=64)  # thresholds quantum_s * 2**i
         require_number(self.name, "starvation_ratio", starvation_ratio, strict=True)
         self.quantum_s = quantum_s
         self.levels = levels

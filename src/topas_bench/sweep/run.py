@@ -4,8 +4,9 @@ A cell is (group, scheduler). Its directory derives from its identity (`RunIdent
 so a finished cell is skipped unless `force`, and a killed sweep resumes with nothing lost or
 duplicated: cells are written whole or not at all (`results.write_run`), so an unfinished one
 is simply run again. Every stored cell is verified before it is skipped (`results.check_cell`:
-files readable, row counts as run.json records, the same workload sample); a corrupt or stale
-one is run again and reported in `SweepResult.redone`.
+run.json and every table matching their digests, row counts, the result invariants, the same
+workload sample); a corrupt or stale one, or one too old to verify, is run again and reported
+in `SweepResult.redone`.
 
 Every group (a `spec.RunSpec`) is planned here, once (`plan_run`): the workload is sampled once,
 and its canonical trace text travels to the worker with each cell (never a pickle), so every
@@ -20,6 +21,7 @@ the same rates (`force` measures again).
 from __future__ import annotations
 
 import json
+import math
 import os
 import traceback
 from collections.abc import Mapping, Sequence
@@ -32,7 +34,7 @@ from topas_bench.experiment import measure_capacity, plan_run
 from topas_bench.harness import run_cell
 from topas_bench.plan import RunPlan, trace_digest, workload_digest
 from topas_bench.progress import Progress
-from topas_bench.results import TABLES, check_cell, is_finished
+from topas_bench.results import check_cell, is_finished
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.spec import RunSpec
 from topas_bench.sweep.executors import Executor, make_executor
@@ -111,30 +113,12 @@ def run_cell_job(job: CellJob) -> CellOutcome:
     name = str(job.plan_fields["workload_name"])
     try:
         plan = job.plan()
-        cell = run_cell(plan, job.scheduler, force=job.force)
-        if job.compact and not cell.cached:
-            compact_tables(cell.run_dir)
+        cell = run_cell(plan, job.scheduler, force=job.force, compact=job.compact)
     except Exception as e:  # a failing cell is data; the sweep goes on with the others
         where = traceback.extract_tb(e.__traceback__)[-1]
         msg = f"{type(e).__name__}: {e} ({Path(where.filename).name}:{where.lineno})"
-        return CellOutcome(name, job.scheduler, seed, "", error=msg)
+        return CellOutcome(name, job.scheduler, seed, "", error=" ".join(msg.split()))
     return CellOutcome(name, job.scheduler, seed, str(cell.run_dir), cell.wall_s, cell.cached)
-
-
-def compact_tables(run_dir: Path) -> None:
-    """Rewrite a finished run's tables losslessly smaller (zstd, byte-stream-split floats):
-    about a quarter less, for results that are committed. Each file is replaced atomically,
-    so the run stays whole at every moment; `run.json` is untouched."""
-    import pandas as pd
-
-    for name in TABLES:
-        path = run_dir / f"{name}.parquet"
-        df = pd.read_parquet(path)
-        floats = [c for c in df.columns if df[c].dtype.kind == "f"]
-        tmp = path.with_suffix(".parquet.tmp")
-        df.to_parquet(tmp, index=False, compression="zstd", compression_level=19,
-                      use_byte_stream_split=floats or False)  # fmt: skip
-        os.replace(tmp, path)
 
 
 def measure_capacity_job(job: CapacityJob) -> CapacityOutcome:
@@ -161,7 +145,7 @@ def run_sweep(
     allow_large: bool = False,
 ) -> SweepResult:
     """Run every cell of `specs` that has no finished result under `out` (all with `force`);
-    `compact` stores the tables smaller (`compact_tables`). A large sweep's memory and time
+    `compact` stores the tables smaller (`results.write_run`). A large sweep's memory and time
     are estimated before its workloads are sampled (`_check_size`); one too large for this
     machine is refused unless `allow_large`."""
     progress = progress or Progress()
@@ -185,7 +169,7 @@ def run_sweep(
                 traces[sample] = (trace, trace_digest(trace))
             run_dir = plan.identity(scheduler).run_dir(out)
             if not force:
-                problem = check_cell(run_dir, traces[sample][1])
+                problem = check_cell(run_dir, traces[sample][1], require_digests=True)
                 if problem is None:
                     result.skipped += 1
                     continue
@@ -309,31 +293,49 @@ def _capacities(
 
 
 def read_capacities(path: Path) -> dict[CapacityKey, float]:
-    if not path.is_file():
+    """The capacities kept in `path` (none when it does not exist); a file that is not a
+    readable list of positive rates is `TopasError` naming it."""
+    if not path.exists():
         return {}
+    fix = "delete it or use --force"
+    if not path.is_file():
+        raise TopasError(f"{path}: not a file, so no capacity cache; {fix}")
     try:
-        rows = json.loads(path.read_text())["capacities"]
-        return {
+        rows = json.loads(path.read_text(encoding="utf-8"))["capacities"]
+        caps = {
             (r["workload"], json.dumps(r["workload_params"], sort_keys=True), r["preset"],
              int(r["kv_budget_tokens"]), str(r.get("scheduler", "fcfs"))): float(r["capacity_tps"])
             for r in rows
         }  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise TopasError(
-            f"{path}: unreadable capacity cache ({e}); delete it or use --force"
+            f"{path}: unreadable capacity cache ({' '.join(str(e).split())[:200]}); {fix}"
         ) from None
+    for (workload, _, _, _, scheduler), cap in caps.items():
+        if not (math.isfinite(cap) and cap > 0):
+            raise TopasError(
+                f"{path}: the capacity of {workload} under {scheduler} is {cap!r}, not a "
+                f"positive number of tasks/s; {fix}"
+            )
+    return caps
 
 
 def _write_capacities(path: Path, caps: Mapping[CapacityKey, float]) -> None:
+    """Write the cache atomically (a temporary sibling, then a rename): a failed write leaves
+    the former file, or none, and no temporary one."""
     rows = [
         {"workload": w, "workload_params": json.loads(p), "preset": pr,
          "kv_budget_tokens": b, "scheduler": s, "capacity_tps": c}
         for (w, p, pr, b, s), c in sorted(caps.items())
     ]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"capacities": rows}, indent=2) + "\n")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"capacities": rows}, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise TopasError(f"{path}: cannot write the capacity cache ({e.strerror or e})") from None
 
 
 def _plans(runs: Sequence[RunSpec], caps: Mapping[CapacityKey, float]) -> list[tuple[RunPlan, str]]:

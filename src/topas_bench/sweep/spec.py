@@ -66,7 +66,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from topas_bench.errors import TopasError
+from topas_bench.errors import TopasError, not_utf8
 from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.sim.config import LengthHint, SimOptions
 from topas_bench.spec import DEFAULT_LOAD_REFERENCE, DEFAULT_PRESET, RunSpec, parse_schedulers
@@ -244,6 +244,8 @@ def read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except OSError as e:
         raise TopasError(f"{path}: cannot read sweep file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:  # before TOMLDecodeError: both are ValueErrors
+        raise TopasError(f"{path}: not a sweep file: {not_utf8(e)}") from None
     except tomllib.TOMLDecodeError as e:
         raise TopasError(f"{path}: invalid TOML: {e}") from None
     except RecursionError:
@@ -405,18 +407,31 @@ def _tables(source: str, key: str, value: Any) -> dict[str, dict[str, Any]]:
     return {k: dict(v) for k, v in value.items()}
 
 
+#: The most values one list flag takes (`--seeds 0-99999`): more is a typo, not a sweep.
+MAX_LIST = 100_000
+
+
 def parse_list(text: str, flag: str, kind: type[int] | type[float]) -> list[Any]:
-    """A flag's comma-separated values; integer flags also take ranges `a-b` (inclusive)."""
+    """A flag's comma-separated values; integer flags also take ranges `a-b` (inclusive); at
+    most `MAX_LIST` values."""
     items: list[Any] = []
     for part in (p.strip() for p in text.split(",")):
         try:
             if kind is int and "-" in part[1:]:
-                lo, hi = part.split("-", 1)
-                items.extend(range(int(lo), int(hi) + 1))
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if (total := len(items) + max(hi - lo + 1, 0)) > MAX_LIST:
+                    alone = f" ({part[:60]} alone is {hi - lo + 1:,})" if items else ""
+                    raise TopasError(
+                        f"{flag}: {total:,} values{alone}; a list takes at most {MAX_LIST:,}"
+                    )
+                items.extend(range(lo, hi + 1))
             elif part:
                 items.append(kind(part))
         except ValueError:
-            raise TopasError(f"{flag}: not a list of {kind.__name__}s: {text!r}") from None
+            shown = text if len(text) <= 60 else text[:57] + "..."
+            raise TopasError(f"{flag}: not a list of {kind.__name__}s: {shown!r}") from None
+        if len(items) > MAX_LIST:
+            raise TopasError(f"{flag}: more than {MAX_LIST:,} values")
     if not items:
         raise TopasError(f"{flag} is empty")
     return items

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topas_bench.errors import TopasError
+from topas_bench.errors import TopasError, not_utf8
 from topas_bench.workloads.trace import TraceError, TraceProblem, json_error
 
 _INTS = ("id", "system_tokens", "rest_tokens", "n_messages", "completion_tokens")
@@ -54,7 +54,7 @@ def load_calls(path: str | os.PathLike[str], progress: Progress | None = None) -
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise TraceError(str(path), [TraceProblem(None, "file", f"not UTF-8 text: {e}")]) from e
+        raise TraceError(str(path), [TraceProblem(None, "file", not_utf8(e))]) from e
     except OSError as e:
         raise TopasError(f"{path}: cannot read call trace: {e.strerror or e}") from e
     return parse_calls(text, source=str(path), progress=progress)

@@ -63,7 +63,8 @@ def dumps_workload(w: Workload) -> str:
 
 
 def dump_workload(w: Workload, path_or_file: str | os.PathLike[str] | IO[str]) -> None:
-    """Write `w`'s trace to a path (atomically, UTF-8) or to an open text file."""
+    """Write `w`'s trace to a path (atomically, UTF-8: a hidden temporary sibling renamed into
+    place, removed if the write fails, a full disk say) or to an open text file."""
     text = dumps_workload(w)
     if not isinstance(path_or_file, str | os.PathLike):
         path_or_file.write(text)
@@ -71,9 +72,13 @@ def dump_workload(w: Workload, path_or_file: str | os.PathLike[str] | IO[str]) -
     path = Path(path_or_file)
     if not path.parent.is_dir():
         raise TopasError(f"cannot write {path}: {path.parent} is not a directory")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8", newline="")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8", newline="")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _task_row(t: Task) -> dict[str, Any]:

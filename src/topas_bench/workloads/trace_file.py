@@ -46,7 +46,7 @@ from topas_bench.workloads.model import Segment, Task, Workload
 from topas_bench.workloads.registry import parse_params
 from topas_bench.workloads.trace import load_workload
 from topas_bench.workloads.trace_index import TraceScan, scan
-from topas_bench.workloads.trace_lines import check_trace_path
+from topas_bench.workloads.trace_lines import check_trace_path, show
 
 NAME = "trace"
 ARRIVALS = ("recorded", "poisson")
@@ -126,6 +126,8 @@ def make_trace(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str
     tasks = tuple(
         _copy(base[i % k], i // k, float(times[i])) for i in range(num_tasks)
     )  # fmt: skip
+    if num_tasks > k:
+        _check_copies(p.file, base, tasks)
     params = {
         "file": p.file, "arrivals": p.arrivals, "name": w.name, "num_tasks": num_tasks,
         "rate_per_s": rate_per_s, "time_scale": scale,
@@ -155,6 +157,22 @@ def _arrivals(
     scale = own / rate if own is not None else 1.0
     times = np.array([(base[i % k].arrival_s + (i // k) * period) * scale for i in range(n)])
     return times, scale
+
+
+def _check_copies(file: str, base: list[Task], tasks: tuple[Task, ...]) -> None:
+    """A copy named as a task of the file is (``job1~1``, copy 1 of ``job1``, beside a task the
+    file names ``job1~1``) would be a duplicate task id: say so, and why. Copies never clash
+    with each other (``X~r`` splits back into X and r at its last ``~``)."""
+    ids = {t.id for t in base}
+    k = len(base)
+    for i in range(k, len(tasks)):
+        if (name := tasks[i].id) in ids:
+            raise TopasError(
+                f"workload {file}: -n {len(tasks):,} repeats the file's {k:,} tasks, and copy "
+                f"{i // k} of task {show(base[i % k].id)} would be named {show(name)}, which "
+                f"the file already uses; run at most {k:,} tasks, or rename the file's "
+                f"{show(name)} (copies are named ID~N)"
+            )
 
 
 def _copy(t: Task, r: int, arrival_s: float) -> Task:

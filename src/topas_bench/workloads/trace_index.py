@@ -22,8 +22,15 @@ from typing import Any
 
 from topas_bench.workloads.model import Workload
 from topas_bench.workloads.trace_errors import MAX_PROBLEMS, TraceError, TraceProblem
-from topas_bench.workloads.trace_lines import LineError, decode, open_binary, raw_lines, show
-from topas_bench.workloads.trace_parse import MISSING, bad, bad_name, bad_secs
+from topas_bench.workloads.trace_lines import (
+    LineError,
+    decode,
+    lone_surrogate,
+    open_binary,
+    raw_lines,
+    show,
+)
+from topas_bench.workloads.trace_parse import MISSING, Parser, bad, bad_name, bad_secs
 from topas_bench.workloads.trace_stream import check_lines
 
 # `{"id":"...","workflow":"...","arrival_s":<number>,` as `dumps_workload` starts a task line
@@ -70,6 +77,7 @@ def scan(path: Path, keep: int) -> TraceScan:
                 continue
             if header is None:
                 header = (n, raw)
+                _check_header(n, raw, source)
                 continue
             key = _task_key(n, raw, problems)
             if key is None:
@@ -95,6 +103,18 @@ def scan(path: Path, keep: int) -> TraceScan:
     wanted = {n for *_, n in chosen} | ({header[0]} if header else set())
     first = check_lines(_picked(path, wanted), source)[0]
     return TraceScan(len(ids), last, first)
+
+
+def _check_header(n: int, raw: bytes, source: str) -> None:
+    """`TraceError` for a first line that is not a good trace header, as `workloads validate`
+    reports it (a UTF-16 or binary file is refused there, on its first line)."""
+    parser = Parser()
+    try:
+        parser.header(n, decode(raw))
+    except LineError as e:
+        parser.problems.append(TraceProblem(n, "header", str(e)))
+    if parser.problems:
+        raise TraceError(source, parser.problems)
 
 
 class _Desc(str):
@@ -123,7 +143,7 @@ def _task_key(n: int, raw: bytes, problems: list[TraceProblem]) -> tuple[float, 
         except ValueError:  # not UTF-8 in the id, say: the general way names it
             pass
         else:
-            if tid and not bad_secs(arrival):
+            if tid and not bad_secs(arrival) and lone_surrogate(tid) is None:
                 return arrival, tid
     try:
         row: Any = decode(raw)

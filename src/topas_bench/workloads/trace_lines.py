@@ -7,7 +7,9 @@ editor's. A line longer than `MAX_LINE_BYTES` is a problem, not a memory spike: 
 much of one line is ever held.
 
 JSON is strict about keys: an object with a key twice (``{"id": "a", "id": "b"}``, where
-`json.loads` keeps the last silently) is invalid. ``NaN`` and ``Infinity`` (not JSON, but what
+`json.loads` keeps the last silently) is invalid; so is a string holding half of a UTF-16
+surrogate pair (``"\\ud800"`` alone: valid JSON, but no Unicode text, which nothing can
+encode to write it out again). ``NaN`` and ``Infinity`` (not JSON, but what
 Python writes) are read as numbers, so that the field holding one is named by the checks, which
 refuse every non-finite number.
 """
@@ -17,12 +19,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from topas_bench.errors import TopasError
+from topas_bench.errors import TopasError, not_utf8
 
 #: The longest line read (bytes). The imported 100,000-call MetaGPT task is a 25 MB line.
 MAX_LINE_BYTES = 64 * 2**20
@@ -124,17 +127,43 @@ def decode(line: bytes) -> Any:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise LineError(
-            f"not UTF-8 text (byte {e.start + 1}: {line[e.start : e.start + 1]!r})"
-        ) from None
+        raise LineError(not_utf8(e)) from None
     try:
-        return _DECODER.decode(text)
+        value = _DECODER.decode(text)
     except LineError:
         raise
     except json.JSONDecodeError as e:
         raise LineError(f"invalid JSON: {e.msg} (column {e.colno})") from None
     except (ValueError, RecursionError) as e:  # a 5,000-digit integer; nesting too deep
         raise LineError(f"invalid JSON: {json_error(e)}") from None
+    if _SURROGATE_ESCAPE.search(text) and (half := lone_surrogate(value)) is not None:
+        raise LineError(
+            f"not Unicode text: {show(half)} holds half of a UTF-16 surrogate pair "
+            "(a \\ud800-\\udfff escape without its other half)"
+        )
+    return value
+
+
+#: a `\\u` escape of a surrogate in JSON text (a line without one holds none: raw UTF-8 cannot)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The first string (a key or a value) in `value`, a decoded JSON value, that holds a lone
+    surrogate, or None. Iterative: `value` may be nested as deep as JSON allows."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return v
+        elif isinstance(v, dict):
+            todo += v.keys()
+            todo += v.values()
+        elif isinstance(v, list):
+            todo += v
+    return None
 
 
 def json_error(e: Exception) -> str:

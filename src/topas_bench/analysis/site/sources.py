@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from topas_bench.analysis.collect import Collection, check_revisions, collect
+from topas_bench.analysis.collect import Collection, check_revisions, collect, unverified_note
 from topas_bench.analysis.metrics import Slo
 from topas_bench.analysis.report import COMPARED, build_report
 from topas_bench.errors import TopasError
@@ -89,9 +89,9 @@ def read_config(results: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        doc = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise TopasError(f"{path}: unreadable ({e})") from None
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: TOMLDecodeError, UnicodeDecodeError
+        raise TopasError(f"{path}: unreadable ({' '.join(str(e).split())[:200]})") from None
     unknown = set(doc) - {"title", "about", "source"}
     for i, s in enumerate(doc.get("source", [])):
         unknown |= {f"source[{i}].{k}" for k in set(s) - SOURCE_KEYS}
@@ -140,6 +140,7 @@ def _load(name: str, path: Path, runs: Path | None, conf: dict[str, Any], opts: 
         rep = build_report(coll)
         codes = "; ".join(sorted(set(coll.runs["code"])))
         notes = [*rep.notes, *(f"left out: {p}" for p in rep.problems)]
+        notes += [n for n in (unverified_note(coll),) if n]
         if not commands:
             commands = [f"topas-bench report {path}"]
         return Source(name, title, about, rep.rows, rep.stages, rep.slo.describe(), commands,

@@ -88,11 +88,15 @@ def serve(
 def calibrate(
     log: Annotated[
         Path | None,
-        typer.Argument(help="An SGLang server log (e.g. a run's server.log); or give --profile."),
+        typer.Argument(
+            help="An SGLang server log (e.g. a run's server.log); or give --profile.",
+            readable=False,
+        ),
     ] = None,
     preset: Annotated[str, typer.Option(help="Preset to start from (GPU and model).")] = "",
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Preset file to write (TOML).")
+        Path | None,
+        typer.Option("--output", "-o", help="Preset file to write (TOML).", readable=False),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Name of the new preset.")] = None,
     profile: Annotated[

@@ -209,7 +209,27 @@ def _parse(rec: Any, limits: Limits) -> RequestMeta:
         for d in st.deps:
             if d not in ids:
                 raise _Bad("malformed: a stage depends on an unknown stage")
+    if not _acyclic(stages):
+        raise _Bad("malformed: the DAG has a cycle")
     return meta
+
+
+def _acyclic(stages: tuple[StageMeta, ...]) -> bool:
+    """Whether the stages (ids unique, every dependency known) form a DAG: Kahn's algorithm
+    places every stage. A self-dependency is a cycle of one. Linear."""
+    index = {s.id: i for i, s in enumerate(stages)}
+    missing = [len(s.deps) for s in stages]
+    children: list[list[int]] = [[] for _ in stages]
+    for i, s in enumerate(stages):
+        for d in s.deps:
+            children[index[d]].append(i)
+    ready = [i for i, n in enumerate(missing) if n == 0]
+    for i in ready:  # grows while walked
+        for c in children[i]:
+            missing[c] -= 1
+            if missing[c] == 0:
+                ready.append(c)
+    return len(ready) == len(stages)
 
 
 def _stages(dag: list[Any], max_deps: int) -> tuple[StageMeta, ...]:

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
-from topas_bench.errors import TopasError, UnknownNameError
+from topas_bench.errors import TopasError, UnknownNameError, not_utf8
 
 #: KV cache element size: SGLang's default KV dtype follows the BF16 model dtype.
 KV_DTYPE_BYTES = 2
@@ -268,7 +268,7 @@ def _file_comments(preset: Preset) -> dict[str, str]:
     whose value there is the preset's (a preset without a readable file: none)."""
     try:
         text = Path(preset.source or "").read_text(encoding="utf-8")
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return {}
     values = asdict(preset)
     out: dict[str, str] = {}
@@ -299,6 +299,8 @@ def load_preset_file(path: str | os.PathLike[str]) -> Preset:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise TopasError(f"cannot read preset file {os.fspath(path)!r}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise TopasError(f"preset file {os.fspath(path)!r}: {not_utf8(err)}") from None
     return _parse(text, source=os.fspath(path))
 
 

@@ -112,7 +112,7 @@ class TopasParams:
         require_number(NAME, "h_age_mult", self.h_age_mult, strict=True)
         if self.h_age_s is not None:
             require_number(NAME, "h_age_s", self.h_age_s, strict=True)
-        require_number(NAME, "srpt_exponent", self.srpt_exponent)
+        require_number(NAME, "srpt_exponent", self.srpt_exponent, high=16)  # a power
         require_int(NAME, "max_agents", self.max_agents, 1)
         require_int(NAME, "max_actions", self.max_actions, 1)
         if self.horizon_s is not None:
@@ -126,7 +126,7 @@ class TopasParams:
             require_bool(NAME, flag, getattr(self, flag))
         require_choice(NAME, "move_charge", self.move_charge, MOVE_CHARGES)
         require_choice(NAME, "reuse_users", self.reuse_users, REUSE_USERS)
-        require_int(NAME, "path_samples", self.path_samples, 0)
+        require_int(NAME, "path_samples", self.path_samples, 0, high=100_000)  # an array each
 
     @property
     def stall_charge(self) -> str:
