@@ -87,7 +87,9 @@ def _store(
     (`horizon.check_served`) is refused, not written."""
     if served.failed is None:
         check_served(served.tables)
-    tasks = with_unloaded_jct(served.tables["tasks"], plan.workload, plan.preset, plan.sim)
+    tasks = with_unloaded_jct(
+        served.tables["tasks"], plan.workload, plan.preset, plan.sim, digest=digest
+    )
     tables = {**served.tables, "tasks": tasks.reset_index(drop=True)}
     if served.failed is not None:  # kept for the rerun that retries it; no run.json
         cell.run_dir.mkdir(parents=True, exist_ok=True)

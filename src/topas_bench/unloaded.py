@@ -17,6 +17,7 @@ The unloaded JCT is a yardstick, not a floor: a policy can beat FCFS alone (`inv
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 
 import pandas as pd
@@ -36,7 +37,7 @@ GAP_S = 1e3
 def unloaded_jct(w: Workload, preset: Preset, sim: SimConfig) -> dict[str, float]:
     """Task id -> its JCT served alone (seconds)."""
     order = sorted(w.tasks, key=lambda t: (t.arrival_s, t.id))
-    cfg = replace(sim, record_timeline=False, check_invariants=False)
+    cfg = _alone_config(sim)
     gap = GAP_S
     while True:
         if too_far((len(order) - 1) * gap):
@@ -58,9 +59,42 @@ def unloaded_jct(w: Workload, preset: Preset, sim: SimConfig) -> dict[str, float
         gap *= 10
 
 
+class Memo:
+    """The last few unloaded runs, by workload sample, preset and engine settings: every
+    scheduler of a group shares its sample, so a process serving a group's cells one after
+    another runs FCFS alone once, not once per scheduler (a sweep's cells each paid it: about
+    a third of a 40-task cell's time). A pure function's results, so nothing it returns can
+    differ from a fresh computation (`tests/test_unloaded.py`)."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple[str, str, str], dict[str, float]] = OrderedDict()
+
+    def get(
+        self, digest: str, w: Workload, preset: Preset, sim: SimConfig
+    ) -> dict[str, float]:  # fmt: skip
+        key = (digest, repr(preset), repr(_alone_config(sim)))
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        solo = self._kept[key] = unloaded_jct(w, preset, sim)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+        return solo
+
+
+#: This process's memo (`Memo`); `with_unloaded_jct(..., digest=...)` uses it.
+MEMO = Memo()
+
+
+def _alone_config(sim: SimConfig) -> SimConfig:
+    return replace(sim, record_timeline=False, check_invariants=False)
+
+
 def with_unloaded_jct(
-    tasks: pd.DataFrame, w: Workload, preset: Preset, sim: SimConfig
+    tasks: pd.DataFrame, w: Workload, preset: Preset, sim: SimConfig, digest: str | None = None
 ) -> pd.DataFrame:
-    """`tasks` with the column `unloaded_jct_s`."""
-    solo = unloaded_jct(w, preset, sim)
+    """`tasks` with the column `unloaded_jct_s`; given the sample's `digest`
+    (`plan.workload_digest`), remembered for the next cell of the same sample (`MEMO`)."""
+    solo = MEMO.get(digest, w, preset, sim) if digest else unloaded_jct(w, preset, sim)
     return tasks.assign(unloaded_jct_s=tasks["task_id"].map(solo).astype(float))
