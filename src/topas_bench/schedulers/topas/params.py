@@ -2,7 +2,7 @@
 
 The paper (arXiv 2608.25523, as summarised in docs/design.md section 5) fixes the score's shape
 but not its constants. Defaults marked (tuned) came from `topas-bench tune` on tuning seeds
-101-103, kept apart from the evaluation seeds 0-4 (docs/topas.md gives the commands and numbers).
+101-103, kept apart from the evaluation seeds 0-9 (docs/topas.md gives the commands and numbers).
 
 Time scales are the workload's own: T0, the mean unloaded JCT of the tasks seen so far (each
 task's expected critical path when it is first seen, without queueing), measured online.
