@@ -347,13 +347,19 @@ def regime_summary(root: Path, dir: str) -> str:
             if not lever.empty else "-",
             "residency pays / tie / hurts": f"{res.get('pays', 0)} / {res.get('tie', 0)} / "
                                             f"{res.get('hurts', 0)}",
+            **{f"{name} pays / tie / hurts": _wtl(d[f"verdict_vs_{abl}"].value_counts())
+               if f"verdict_vs_{abl}" in d else "-" for abl, name in LEVERS.items()},
         })  # fmt: skip
     n = len(table)
     return _md(records) + (
         f"\n(Seeds {_seeds(runs)}, {int(runs['num_tasks'].iloc[0])} tasks per run. Verdicts "
-        f"Holm-corrected over the map's {n} cells per metric; residency likewise over its {n} "
-        "cells.)\n"
+        f"Holm-corrected over the map's {n} cells per metric; each lever (TOPAS against "
+        f"{', '.join(['topas-no-pins', *LEVERS])} on mean JCT) likewise over its {n} cells.)\n"
     )
+
+
+#: The regime summary's lever columns beside residency: ablation -> what it switches off.
+LEVERS = {"topas-no-joint": "restriction", "topas-no-preempt": "preemption"}
 
 
 def _wtl(c: pd.Series) -> str:
