@@ -118,10 +118,11 @@ def _code_stages(p: CodeAgentParams, task_id: str, rng: np.random.Generator) -> 
         delay, kind = 0.0, "issue"
         if i:
             prev = stages[-1]
-            if rng.random() < p.test_fraction:
-                delay, kind = tool_wait_s(rng, p.test_median_s, p.test_p90_s, p.max_tool_s), "after_test"
-            else:
-                delay, kind = tool_wait_s(rng, p.fast_median_s, p.fast_p90_s, p.max_tool_s), "after_edit"
+            if rng.random() < p.test_fraction:  # a test / script run
+                kind, median_s, p90_s = "after_test", p.test_median_s, p.test_p90_s
+            else:  # a file read, edit or search
+                kind, median_s, p90_s = "after_edit", p.fast_median_s, p.fast_p90_s
+            delay = tool_wait_s(rng, median_s, p90_s, p.max_tool_s)
             obs = Segment(f"{task_id}/s{i}/obs", uniform_tokens(rng, p.observation_tokens))
             prompt += [Segment(output_key(task_id, prev.id), prev.output_tokens), obs]
         out = uniform_tokens(rng, p.action_tokens)

@@ -361,11 +361,11 @@ _add(
 # "Agentic workloads"); an agent client sends one fixed cap, as MetaGPT's does.
 _add(
     "code-agent", "coding agent: edit / run-tests / read-output turns, growing prompt",
-    "agentic", "make_code_agent", 0.01, "cap",
+    "agentic", "make_code_agent", 0.0226, "cap",
 )  # fmt: skip
 _add(
     "deep-research", "planner -> search/read branches -> writer, tool waits", "agentic",
-    "make_deep_research", 0.01, "cap",
+    "make_deep_research", 0.0161, "cap",
 )  # fmt: skip
 
 
