@@ -209,3 +209,17 @@ def test_export_then_run_the_file_gives_identical_results(name: str, tmp_path: P
         a = read_table(direct.run_dir, "tasks").sort_values("task_id")
         b = read_table(replay.run_dir, "tasks").sort_values("task_id")
         assert list(a["jct_s"]) == list(b["jct_s"])
+
+
+def test_the_committed_tool_workloads_sweep_file_is_valid() -> None:
+    from topas_bench.spec import parse_schedulers
+    from topas_bench.sweep import load_specs, read_toml
+
+    path = Path(__file__).resolve().parents[1] / "results" / "tool-workloads.toml"
+    [(spec, _)] = load_specs(read_toml(path), {}, str(path), base=path.parent)
+    assert spec.workloads == NAMES and spec.seeds == tuple(range(10)) and spec.loads == (0.8,)
+    assert set(parse_schedulers("paper,peers")) <= set(spec.schedulers)
+    assert spec.tuned is not None and not spec.tuned_only  # tuned forms beside the defaults
+    runs = spec.runs(Path("o"))  # every group a valid run specification
+    assert {r.workload for r in runs} == set(NAMES)
+    assert {r.seed for r in runs} == set(range(10))
