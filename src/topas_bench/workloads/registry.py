@@ -360,11 +360,11 @@ _add(
 # The agentic workloads (`agentic`): tool waits between calls (docs/workload-format.md,
 # "Agentic workloads"); an agent client sends one fixed cap, as MetaGPT's does.
 _add(
-    "code-agent", "coding agent: edit / run-tests / read-output turns, growing prompt",
+    "code-agent", "coding agent: edit / test / read turns, tool waits",
     "agentic", "make_code_agent", 0.0226, "cap",
 )  # fmt: skip
 _add(
-    "deep-research", "planner -> search/read branches -> writer, tool waits", "agentic",
+    "deep-research", "planner -> search/read branches -> writer", "agentic",
     "make_deep_research", 0.0161, "cap",
 )  # fmt: skip
 
