@@ -66,10 +66,11 @@ def test_cap_mode_sends_the_cap_and_keeps_true_outputs(name: str) -> None:
 
 @pytest.mark.parametrize("name", GENERATORS)
 def test_family_defaults(name: str) -> None:
-    """The MetaGPT family sends MetaGPT's cap by default, the synthetic DAGs exact lengths; the
-    registry's record of the default is the generator's."""
+    """The MetaGPT family and the agentic workloads send an agent client's cap by default, the
+    synthetic DAGs exact lengths; the registry's record of the default is the generator's."""
     w = generate(name, num_tasks=2, seed=0)
-    want = "cap" if name.startswith("metagpt") else "exact"
+    agent_clients = name.startswith("metagpt") or name in ("code-agent", "deep-research")
+    want = "cap" if agent_clients else "exact"
     assert w.params["max_tokens"] == WORKLOADS.get(name).max_tokens == want
 
 

@@ -357,6 +357,17 @@ _add(
     0.0227, "cap",
 )  # fmt: skip
 
+# The agentic workloads (`agentic`): tool waits between calls (docs/workload-format.md,
+# "Agentic workloads"); an agent client sends one fixed cap, as MetaGPT's does.
+_add(
+    "code-agent", "coding agent: edit / test / read turns, tool waits",
+    "agentic", "make_code_agent", 0.0226, "cap",
+)  # fmt: skip
+_add(
+    "deep-research", "planner -> search/read branches -> writer", "agentic",
+    "make_deep_research", 0.0161, "cap",
+)  # fmt: skip
+
 
 def _trace_defaults(params: Mapping[str, Any]) -> tuple[int, float]:
     fn: Callable[[Mapping[str, Any]], tuple[int, float]]
