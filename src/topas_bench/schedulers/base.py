@@ -351,6 +351,39 @@ class Capabilities:
     preempts: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ContextAction:
+    """What the engine does with a finished call's context (its prompt and output, as the tree
+    holds it) while its task waits, e.g. on a tool call (`Policy.context_action`).
+
+    keep_s: seconds to keep it locked on the GPU (`Policy.context_ttl`'s pin), > 0 to keep.
+    offload: move its own part (below its agent's prefix, which stays under the cache's
+        eviction) to the host tier now, freeing that GPU memory; an engine without a host
+        tier ignores it (the context is then dropped: left evictable).
+    upload_in_s: with `offload`, seconds from now at which the engine loads it back to the
+        GPU over the host link (a prefetch: a prefill reading it before the load ends waits
+        for it); None loads it only when a request matches it.
+    Neither keep nor offload: drop, the default (left in the cache, evictable, as SGLang does).
+    """
+
+    keep_s: float = 0.0
+    offload: bool = False
+    upload_in_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.keep_s) or self.keep_s < 0:
+            raise ValueError(f"keep_s must be >= 0, got {self.keep_s!r}")
+        if self.keep_s > 0 and self.offload:
+            raise ValueError("a context is kept or offloaded, not both")
+        up = self.upload_in_s
+        if up is not None and (not self.offload or not math.isfinite(up) or up < 0):
+            raise ValueError(f"upload_in_s needs offload and a finite value >= 0, got {up!r}")
+
+
+#: Leave a finished context in the cache, evictable (SGLang's own behaviour).
+DROP = ContextAction()
+
+
 class InvalidParameter(TopasError):
     """A scheduler parameter outside its valid range."""
 
@@ -432,6 +465,9 @@ class Policy(ABC):
     name: str = ""
     #: What it may do beyond ordering the queue (`Capabilities`): by default, nothing.
     capabilities: ClassVar[Capabilities] = Capabilities()
+    #: An oracle variant, labeled as one: the simulator's estimator answers it from the true
+    #: output lengths, as `--length-hint oracle` does for every policy (`astraea-oracle`).
+    oracle_lengths: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         reject_unknown(self.name, params)
@@ -462,6 +498,19 @@ class Policy(ABC):
         """
         return 0.0
 
+    def context_action(self, finished: RequestView, view: EngineView) -> ContextAction:
+        """What to do with `finished`'s context until its task's next call (`ContextAction`:
+        keep it locked on the GPU, offload it to the host tier with an optional timed upload,
+        or drop it); the default keeps it for `context_ttl` seconds, else drops it.
+
+        Asked when `context_ttl` asks: at the iteration after the request finished, while its
+        task is live. A simulator operation (as `Decision.prefetch`): the plugin's adapter
+        and the reference engine ask `context_ttl` only, so a policy overriding this hook
+        keeps, offloads and uploads nothing there.
+        """
+        ttl = self.context_ttl(finished, view)
+        return ContextAction(keep_s=ttl) if ttl > 0 else DROP
+
     def retraction_order(self, view: EngineView) -> list[RequestView]:
         """Running requests, the first to retract first when decode runs out of memory.
 
@@ -485,9 +534,11 @@ class OrderingPolicy(Policy):
 
 __all__ = [
     "BUDGET_MARGIN",
+    "DROP",
     "EVICTION_POLICIES",
     "SCHEDULE_POLICIES",
     "Capabilities",
+    "ContextAction",
     "Decision",
     "EngineView",
     "InvalidParameter",

@@ -32,6 +32,9 @@ class CostLike(Protocol):
 
 
 TrueLength = Callable[[str, str], int]  # (task_id, stage_id) -> true output tokens
+#: Weight of each new tool-time observation (TokenCake's `OffloadConfig.ewma_alpha`,
+#: pku-lemonade/TokenCake `vllm/tokencake/config.py`).
+TOOL_ALPHA = 0.5
 F64 = npt.NDArray[np.float64]
 
 
@@ -126,6 +129,7 @@ class ServiceEstimator:
         self._full_memo: dict[tuple[str, str], float] = {}
         #: Bumped on every observed finish: expectations in tokens only change then.
         self.version = 0
+        self._tools: dict[tuple[str, str], float] = {}
 
     @property
     def oracle(self) -> bool:
@@ -144,6 +148,18 @@ class ServiceEstimator:
         d.add(float(output_tokens))
         self._full_memo.pop((agent, kind), None)
         self.version += 1
+
+    def observe_tool(self, agent: str, kind: str, wait_s: float) -> None:
+        """A call of (agent, kind) reached the server `wait_s` seconds after the last call it
+        depends on (in its task) finished: the client's tool time as a server sees it."""
+        prev = self._tools.get((agent, kind))
+        a = TOOL_ALPHA
+        self._tools[(agent, kind)] = wait_s if prev is None else a * wait_s + (1.0 - a) * prev
+
+    def tool_s(self, agent: str, kind: str) -> float | None:
+        """The expected tool time before a call of (agent, kind): an exponentially weighted
+        mean (`TOOL_ALPHA`) of those observed (`observe_tool`); None before the first."""
+        return self._tools.get((agent, kind))
 
     def observe_decode(self, step_s: float, steps: int = 1) -> None:
         """The engine ran `steps` decode iterations of `step_s` seconds each."""

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from topas_bench.registry import Registry
+from topas_bench.schedulers.astraea import Astraea, AstraeaOracle
 from topas_bench.schedulers.autellix import Autellix
 from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown
 from topas_bench.schedulers.continuum import Continuum
@@ -18,6 +19,7 @@ from topas_bench.schedulers.lpm_aging import LPMAging
 from topas_bench.schedulers.parrot import ParrotFCFS
 from topas_bench.schedulers.sglang_stock import STOCK, Stock, StockRow
 from topas_bench.schedulers.spf import SPF
+from topas_bench.schedulers.tokencake import TokenCake
 from topas_bench.schedulers.topas import (
     Topas,
     TopasBase,
@@ -53,6 +55,9 @@ SCHEDULERS.add("topas-expected-path", TopasExpectedPath)
 SCHEDULERS.add("kvflow", KVFlow)
 SCHEDULERS.add("continuum", Continuum)
 SCHEDULERS.add("lpm-aging", LPMAging)
+SCHEDULERS.add("tokencake", TokenCake)
+SCHEDULERS.add("astraea", Astraea)
+SCHEDULERS.add("astraea-oracle", AstraeaOracle)
 for _row in STOCK:
     SCHEDULERS.add(_row.name, _row)
 

@@ -49,6 +49,11 @@ EVICTION_GRID: dict[str, tuple[Any, ...]] = {
     "slru_protected_threshold": (1, 2, 4),
 }
 
+#: Astraea's level-0 quota and aging (ours: 2,048 tokens, 30 s), for it and its oracle variant.
+ASTRAEA_GRID: dict[str, tuple[Any, ...]] = {
+    "base_quota_tokens": (512, 2048, 8192),
+    "aging_s": (5.0, 30.0, 120.0),
+}
 GRIDS: dict[str, Grid] = {
     "topas": TOPAS_GRID,
     # SGLang's constants (WAITING_QUEUE_PREFIX_MATCH_MAX 128, the in-batch thresholds 32): the
@@ -72,6 +77,11 @@ GRIDS: dict[str, Grid] = {
     # k-LPM's k (1 = FCFS, infinite = LPM) and SGLang PR #31723's aging (off by default)
     "lpm-aging": {"k": (2, 4, 8, 16), "aging_tokens_per_pass": (0.0, 32.0, 128.0, 512.0)},
     "lpm-slru": {"slru_protected_threshold": (1, 2, 3, 4, 8)},
+    # TokenCake's reserve bounds (its defaults 0.05-0.30) and critical share (0.75); its time
+    # scheduler needs a host tier, which tuning runs have none of
+    "tokencake": {"reserve_max": (0.15, 0.30, 0.45), "critical_ratio": (0.25, 0.5, 0.75, 1.0)},
+    "astraea": ASTRAEA_GRID,
+    "astraea-oracle": ASTRAEA_GRID,
     **dict.fromkeys(
         ("dfs-weight", "lof", "random", "hrrn", "routing-key", "shortest-prefill-first"),
         EVICTION_GRID,

@@ -82,7 +82,10 @@ class SglangOptions:
 
     def check_spec(self, schedulers: tuple[str, ...], cluster: ClusterConfig | None) -> None:
         """What these options allow of the run: an endpoint serves one scheduler on one server;
-        sglang-router's interpreter is for a cluster."""
+        sglang-router's interpreter is for a cluster; no oracle variant."""
+        from topas_bench.runners.sglang_cpu.options import refuse_oracles
+
+        refuse_oracles(schedulers, "sglang")
         if cluster is not None and self.endpoint is not None:
             raise TopasError(
                 "--replicas starts the servers and sglang-router itself; it takes --model, not "

@@ -32,6 +32,7 @@ from topas_bench.runners.workflow import TaskRun
 from topas_bench.schedulers.base import Policy
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.workloads.model import Workload
+from topas_bench.workloads.pieces import Piece
 
 ARRIVE, READY, ITER = 0, 1, 2
 #: One iteration as it starts (its KV allocated): kind, the prefill batch's
@@ -94,7 +95,12 @@ class SimCore:
         self.contexts = ContextPins(self.cache)  # finished contexts kept for a while
         #: Requests finished in the last iteration, whose context the policy may keep.
         self.finished_pending: list[SimRequest] = []
-        self._asks_ttl = type(policy).context_ttl is not Policy.context_ttl
+        self._asks_ttl = (
+            type(policy).context_ttl is not Policy.context_ttl
+            or type(policy).context_action is not Policy.context_action
+        )
+        #: Offloaded contexts to load back to the GPU: a heap of (when, request id, its path).
+        self.uploads: list[tuple[float, int, str, list[Piece]]] = []
         self.prefetcher = Prefetcher(self.cache, cost.host_load_s)
         self.inbox: list[SimRequest] = []  # sent while the server was busy: not received yet
         self.agents_seen: set[str] = set()  # agents of the requests received so far
@@ -109,9 +115,10 @@ class SimCore:
         #: `TpModelWorker.get_worker_info`: the longest request the server accepts.
         self.max_req_len = min(config.context_length - 1, config.kv_budget_tokens - 1)
         truths = {(t.id, s.id): s.output_tokens for t, s in workload.stages()}
+        oracle = config.length_hint == "oracle" or policy.oracle_lengths
         self.estimator = ServiceEstimator(
             cost,
-            true_length=(lambda t, s: truths[(t, s)]) if config.length_hint == "oracle" else None,
+            true_length=(lambda t, s: truths[(t, s)]) if oracle else None,
         )
         self.rec = Recorder(config.record_timeline)
         self._heap: list[tuple[float, int, int, Any]] = []

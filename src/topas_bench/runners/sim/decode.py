@@ -83,6 +83,8 @@ class Decode(Events):
             k = min(k, int(ends.searchsorted(nxt, side="left")) + 1)
         if k > 1 and self.contexts:  # a context's release is seen at the next iteration
             k = min(k, int(ends.searchsorted(self.contexts.next_expiry(), side="left")) + 1)
+        if k > 1 and self.uploads:  # so is an upload's time
+            k = min(k, int(ends.searchsorted(self.uploads[0][0], side="left")) + 1)
         if k > 1 and attempt and stand is not None:
             k = standing.run_steps(self, stand, k, durs, ends)
             self._stand_run = stand if k > 1 else None

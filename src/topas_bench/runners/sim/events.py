@@ -72,9 +72,23 @@ class Events(Residency):
                 counter = self._ends_counter[0] + self._ends_counter[1] * (j + 1)
             req.ready_s = t
             self.agents_seen.add(req.agent)
+            self._observe_tool(req, t)
             self._enqueue(req, t)
             req.arrival_processed_tokens = counter
         self.inbox = []
+
+    def _observe_tool(self, req: SimRequest, t: float) -> None:
+        """What a server sees of the client's tool time: from the finish of the last call the
+        request depends on to its receipt (the estimator's `observe_tool`)."""
+        stages = req.task.stages
+        ends = []
+        for d in stages[req.stage_id].deps:
+            dep = stages[d].request
+            if dep is None or dep.finish_s is None:
+                return
+            ends.append(dep.finish_s)
+        if ends:
+            self.estimator.observe_tool(req.agent, req.kind, t - max(ends))
 
     def _enqueue(self, req: SimRequest, at_s: float | None = None) -> None:
         """`_add_request_to_queue`: new, retracted and preempted requests join at the end."""

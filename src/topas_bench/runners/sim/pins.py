@@ -1,6 +1,7 @@
 """What a policy keeps in the simulator's tree beyond SGLang: finished contexts with a time to
 live (`Policy.context_ttl`), eviction priorities of agent prefixes (`Decision.prefix_priority`)
-and host-tier prefetch (`Decision.prefetch`). The plugin's adapter does the first two on a real
+and host-tier prefetch (`Decision.prefetch`, and the timed upload of an offloaded context,
+`Policy.context_action`). The plugin's adapter does the first two on a real
 server the same way (`runners.sglang.adapter.Bridge`); prefetch needs a host tier, which only
 the simulator has.
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from topas_bench.runners.sim.radix import Node, RadixCache
 from topas_bench.workloads.model import agent_key
+from topas_bench.workloads.pieces import Piece
 
 
 @dataclass(slots=True)
@@ -104,28 +106,41 @@ class Prefetcher:
         free: Callable[[], int],
         evict_for: Callable[[int], None],
     ) -> None:
-        cache = self.cache
         for agent in agents:
             key = [(agent_key(agent), 0, prefix_tokens.get(agent, 0))]
-            gpu = cache.device_path(key)
-            need = sum(n.tokens for n in cache.walk(key)[len(gpu) :])
-            if not need:
-                continue
-            if need > free() + cache.evictable_tokens:
+            if not self.load(key, now_s, free, evict_for):
                 return
-            if gpu:
-                cache.lock(gpu[-1])
-            evict_for(need)
-            if gpu:
-                cache.unlock(gpu[-1])
-            host = [n for n in cache.walk(key)[len(gpu) :] if not n.on_gpu]
-            need = sum(n.tokens for n in host)
-            if not host or need > free():
-                return
-            cache.load_back(host)
-            self.link_free_s = max(now_s, self.link_free_s) + self.load_s(need)
-            for n in host:
-                n.ready_s = self.link_free_s
+
+    def load(
+        self,
+        key: Sequence[Piece],
+        now_s: float,
+        free: Callable[[], int],
+        evict_for: Callable[[int], None],
+    ) -> bool:
+        """Load the host-tier part of `key`'s cached path back to the GPU, on the link after
+        the loads before it; False when it does not fit (nothing loaded)."""
+        cache = self.cache
+        gpu = cache.device_path(key)
+        need = sum(n.tokens for n in cache.walk(key)[len(gpu) :])
+        if not need:
+            return True
+        if need > free() + cache.evictable_tokens:
+            return False
+        if gpu:
+            cache.lock(gpu[-1])
+        evict_for(need)
+        if gpu:
+            cache.unlock(gpu[-1])
+        host = [n for n in cache.walk(key)[len(gpu) :] if not n.on_gpu]
+        need = sum(n.tokens for n in host)
+        if not host or need > free():
+            return False
+        cache.load_back(host)
+        self.link_free_s = max(now_s, self.link_free_s) + self.load_s(need)
+        for n in host:
+            n.ready_s = self.link_free_s
+        return True
 
     def stall(self, last_nodes: Iterable[Node | None], now_s: float) -> float:
         """Seconds a prefill reading the paths ending at `last_nodes` waits for prefetches."""

@@ -362,6 +362,33 @@ class RadixCache:
         if not n.on_host:
             self._delete_subtree(n)
 
+    def offload_path(self, node: Node, keep_tokens: int) -> int:
+        """Move the path root..`node` to the host tier from its end up, while a node is on the
+        GPU, unlocked, has no GPU child, lies past the path's first `keep_tokens` (a node
+        across that boundary is split there) and fits the host tier (`Policy.context_action`'s
+        offload); returns the tokens moved. Host copies are made room for as an eviction
+        makes it."""
+        path = []
+        n: Node | None = node
+        while n is not None and n is not self.root:
+            path.append(n)
+            n = n.parent
+        start = sum(x.tokens for x in path)
+        moved = 0
+        for n in path:  # deepest first
+            start -= n.tokens
+            if start + n.tokens <= keep_tokens or not n.on_gpu or n.lock or n.gpu_child_count():
+                break
+            if start < keep_tokens:  # the node runs across the boundary: split it there
+                self._split(n, keep_tokens - start)
+            if n.tokens > self.host_capacity_tokens:
+                break
+            self._evict_node(n)
+            if not n.on_host:
+                break
+            moved += n.tokens
+        return moved
+
     def _make_host_room(self, tokens: int) -> bool:
         if tokens > self.host_capacity_tokens:
             return False

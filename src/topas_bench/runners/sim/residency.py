@@ -10,11 +10,14 @@ one frees its private KV and releases its lock without inserting, then evicts en
 leave `remaining requests * retract_decode_steps` tokens free (`release_req`).
 
 Beyond SGLang, a policy keeps agents' prefixes (`Decision.keep_prefixes`) and finished contexts
-(`Policy.context_ttl`) locked in the tree, as the plugin's adapter does on a real server.
+(`Policy.context_ttl`) locked in the tree, as the plugin's adapter does on a real server; with
+a host tier, it may offload a finished context and have it uploaded at a time it names
+(`Policy.context_action`, simulator only).
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from topas_bench.runners.sim.admission import running_offset
@@ -128,10 +131,13 @@ class Residency(SimCore):
 
     def _maintain_contexts(self) -> None:
         """At an iteration's start: release contexts whose time is up or whose task ended,
-        then ask the policy about the requests that finished in the last one
-        (`Policy.context_ttl`; the adapter does the same in `get_new_batch_prefill`)."""
+        load back the offloaded contexts whose upload time has come, then ask the policy about
+        the requests that finished in the last one (`Policy.context_action`, by default
+        `context_ttl`'s keep; the adapter does the keep alike in `get_new_batch_prefill`)."""
         if self.contexts:
             self.contexts.expire(self.now, self.tasks)
+        if self.uploads:
+            self._upload_due()
         pending, self.finished_pending = self.finished_pending, []
         if not pending:
             return
@@ -139,10 +145,32 @@ class Residency(SimCore):
         for req in pending:
             if req.task_id not in self.tasks or req.context_node is None:
                 continue
-            ttl = self.policy.context_ttl(req, view)
-            if ttl > 0:
-                expires = self.now + ttl
+            action = self.policy.context_action(req, view)
+            if action.keep_s > 0:
+                expires = self.now + action.keep_s
                 self.contexts.pin(req.rid, req.context_node, req.task_id, expires, self._pin_room())
+            elif action.offload and self.cfg.host_tier_tokens:
+                self._offload(req, action.upload_in_s)
+
+    def _offload(self, req: SimRequest, upload_in_s: float | None) -> None:
+        """`ContextAction.offload`: the context's own part (below its agent's prefix) moves to
+        the host tier now (the copy is taken as overlapped, as the host tier's evictions);
+        with `upload_in_s`, its load back is queued for then."""
+        assert req.context_node is not None
+        keep = self.prefix_tokens.get(req.agent, 0)
+        moved = self.cache.offload_path(req.context_node, keep)
+        if moved and upload_in_s is not None:
+            key = take(req.fill(), req.inserted_len)[0]
+            heapq.heappush(self.uploads, (self.now + upload_in_s, req.rid, req.task_id, key))
+
+    def _upload_due(self) -> None:
+        """Load back (`Prefetcher.load`, on the host link) the offloaded contexts whose upload
+        time has come and whose task is live; one that does not fit now is not retried (its
+        next call loads it, or recomputes what the tier lost)."""
+        while self.uploads and self.uploads[0][0] <= self.now:
+            _, _, task_id, key = heapq.heappop(self.uploads)
+            if task_id in self.tasks:
+                self.prefetcher.load(key, self.now, lambda: self.free_tokens, self._evict_for)
 
     def _row(
         self, kind: str, dur: float, steps: int, batch: list[SimRequest], new: int
