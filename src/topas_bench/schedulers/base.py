@@ -432,6 +432,10 @@ class Policy(ABC):
     name: str = ""
     #: What it may do beyond ordering the queue (`Capabilities`): by default, nothing.
     capabilities: ClassVar[Capabilities] = Capabilities()
+    #: Whether a kept context's time to live restarts when an admitted request's cached
+    #: prefix covers it (refresh on hit, SGLang PR #18941's pins; `Policy.context_ttl`). A
+    #: simulator mechanism: the reference engine and the plugin refuse such a policy.
+    refreshes_contexts: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         reject_unknown(self.name, params)

@@ -7,9 +7,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from topas_bench.errors import TopasError
 from topas_bench.registry import Registry
 from topas_bench.schedulers.autellix import Autellix
 from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown
+from topas_bench.schedulers.cachesage import CacheSage
 from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.kvflow import KVFlow
@@ -17,6 +19,7 @@ from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.lpm_aging import LPMAging
 from topas_bench.schedulers.parrot import ParrotFCFS
 from topas_bench.schedulers.sglang_stock import STOCK, Stock, StockRow
+from topas_bench.schedulers.sglang_ttl import SglangTTL
 from topas_bench.schedulers.spf import SPF
 from topas_bench.schedulers.topas import (
     Topas,
@@ -53,6 +56,8 @@ SCHEDULERS.add("topas-expected-path", TopasExpectedPath)
 SCHEDULERS.add("kvflow", KVFlow)
 SCHEDULERS.add("continuum", Continuum)
 SCHEDULERS.add("lpm-aging", LPMAging)
+SCHEDULERS.add("cachesage", CacheSage)
+SCHEDULERS.add("sglang-ttl", SglangTTL)
 for _row in STOCK:
     SCHEDULERS.add(_row.name, _row)
 
@@ -106,6 +111,18 @@ def capabilities(name: str) -> Capabilities:
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise TypeError(f"scheduler {name!r} is registered as {factory!r}, not a policy class")
     return cls.capabilities
+
+
+def refuse_sim_only(schedulers: tuple[str, ...], engine: str) -> None:
+    """`TopasError` naming the first of `schedulers` that needs a simulator mechanism
+    (`Policy.refreshes_contexts`), which `engine` does not have."""
+    for name in schedulers:
+        factory = SCHEDULERS.get(name)
+        if isinstance(factory, type) and issubclass(factory, Policy) and factory.refreshes_contexts:
+            raise TopasError(
+                f"scheduler {name!r} refreshes kept contexts on a cache hit, a simulator "
+                f"mechanism {engine} does not have; run it with --engine sim"
+            )
 
 
 def is_policy_class(name: str, base: type[Policy]) -> bool:

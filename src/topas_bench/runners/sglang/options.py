@@ -90,6 +90,9 @@ class SglangOptions:
             )
         if cluster is None and self.router_python is not None:
             raise TopasError("--router-python is for --replicas N (sglang-router)")
+        from topas_bench.schedulers.registry import refuse_sim_only
+
+        refuse_sim_only(schedulers, "a real SGLang server")
         if self.endpoint is not None and len(schedulers) != 1:
             raise TopasError(
                 "--endpoint serves one scheduler (the one its server was started with); give "

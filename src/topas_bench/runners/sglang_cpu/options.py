@@ -38,6 +38,9 @@ class ReferenceOptions:
     def check_spec(self, schedulers: tuple[str, ...], cluster: object) -> None:
         if cluster is not None:
             raise TopasError("--replicas is for --engine sim or sglang; sglang-cpu runs one server")
+        from topas_bench.schedulers.registry import refuse_sim_only
+
+        refuse_sim_only(schedulers, "the sglang-cpu reference")
 
     def sim_settings(self) -> dict[str, Any]:
         return {}

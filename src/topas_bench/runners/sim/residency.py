@@ -142,7 +142,8 @@ class Residency(SimCore):
             ttl = self.policy.context_ttl(req, view)
             if ttl > 0:
                 expires = self.now + ttl
-                self.contexts.pin(req.rid, req.context_node, req.task_id, expires, self._pin_room())
+                room = self._pin_room()
+                self.contexts.pin(req.rid, req.context_node, req.task_id, expires, room, ttl)
 
     def _row(
         self, kind: str, dur: float, steps: int, batch: list[SimRequest], new: int
