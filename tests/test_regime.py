@@ -169,9 +169,7 @@ def test_the_committed_regime_map_sweep_file_is_valid() -> None:
     path = Path(__file__).resolve().parents[1] / "results" / "regime-map.toml"
     [(spec, _)] = load_specs(read_toml(path), {}, str(path), base=path.parent)
     assert len(spec.workloads) == 5 and len(spec.seeds) >= 10  # the protocol's 10 seeds
-    assert {"topas", "topas-no-pins", "topas-no-joint", "topas-no-preempt"} <= set(
-        spec.schedulers
-    )
+    assert {"topas", "topas-no-pins", "topas-no-joint", "topas-no-preempt"} <= set(spec.schedulers)
     assert spec.output_scales == (0.5, 1.0, 2.0) and spec.kv_budget_multiples[0] == ONE_AGENT
     assert spec.tuned is not None and spec.tuned_only  # each scheduler once, tuned
     runs = spec.runs(Path("o"))  # every group a valid run specification
