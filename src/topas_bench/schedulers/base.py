@@ -468,6 +468,10 @@ class Policy(ABC):
     #: An oracle variant, labeled as one: the simulator's estimator answers it from the true
     #: output lengths, as `--length-hint oracle` does for every policy (`astraea-oracle`).
     oracle_lengths: ClassVar[bool] = False
+    #: Whether a kept context's time to live restarts when an admitted request's cached
+    #: prefix covers it (refresh on hit, SGLang PR #18941's pins; `Policy.context_ttl`). A
+    #: simulator mechanism: the reference engine and the plugin refuse such a policy.
+    refreshes_contexts: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
         reject_unknown(self.name, params)

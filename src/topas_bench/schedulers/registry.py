@@ -7,10 +7,12 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from topas_bench.errors import TopasError
 from topas_bench.registry import Registry
 from topas_bench.schedulers.astraea import Astraea, AstraeaOracle
 from topas_bench.schedulers.autellix import Autellix
 from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown
+from topas_bench.schedulers.cachesage import CacheSage
 from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.kvflow import KVFlow
@@ -18,6 +20,7 @@ from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.lpm_aging import LPMAging
 from topas_bench.schedulers.parrot import ParrotFCFS
 from topas_bench.schedulers.sglang_stock import STOCK, Stock, StockRow
+from topas_bench.schedulers.sglang_ttl import SglangTTL
 from topas_bench.schedulers.spf import SPF
 from topas_bench.schedulers.tokencake import TokenCake
 from topas_bench.schedulers.topas import (
@@ -58,6 +61,8 @@ SCHEDULERS.add("lpm-aging", LPMAging)
 SCHEDULERS.add("tokencake", TokenCake)
 SCHEDULERS.add("astraea", Astraea)
 SCHEDULERS.add("astraea-oracle", AstraeaOracle)
+SCHEDULERS.add("cachesage", CacheSage)
+SCHEDULERS.add("sglang-ttl", SglangTTL)
 for _row in STOCK:
     SCHEDULERS.add(_row.name, _row)
 
@@ -111,6 +116,26 @@ def capabilities(name: str) -> Capabilities:
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise TypeError(f"scheduler {name!r} is registered as {factory!r}, not a policy class")
     return cls.capabilities
+
+
+def refuse_sim_only(schedulers: tuple[str, ...], engine: str) -> None:
+    """`TopasError` naming the first of `schedulers` that needs what only the simulator has:
+    true output lengths (`Policy.oracle_lengths`, an oracle variant such as `astraea-oracle`)
+    or kept contexts refreshed on a cache hit (`Policy.refreshes_contexts`)."""
+    for name in schedulers:
+        factory = SCHEDULERS.get(name)
+        if not (isinstance(factory, type) and issubclass(factory, Policy)):
+            continue
+        if factory.oracle_lengths:
+            raise TopasError(
+                f"{name} is an oracle variant (true output lengths): a simulator scheduler, "
+                f"not for {engine}; run it with --engine sim"
+            )
+        if factory.refreshes_contexts:
+            raise TopasError(
+                f"scheduler {name!r} refreshes kept contexts on a cache hit, a simulator "
+                f"mechanism {engine} does not have; run it with --engine sim"
+            )
 
 
 def is_policy_class(name: str, base: type[Policy]) -> bool:

@@ -76,6 +76,10 @@ GRIDS: dict[str, Grid] = {
     "continuum": {"memory_price": (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)},
     # k-LPM's k (1 = FCFS, infinite = LPM) and SGLang PR #31723's aging (off by default)
     "lpm-aging": {"k": (2, 4, 8, 16), "aging_tokens_per_pass": (0.0, 32.0, 128.0, 512.0)},
+    # CacheSage's survival weight (code default 4) and horizon (code default K = 3)
+    "cachesage": {"weight": (1.0, 2.0, 4.0, 8.0), "horizon": (1, 2, 3, 5)},
+    # SGLang's pin TTL (Dynamo clamps to [300, 3600] s; ours 300)
+    "sglang-ttl": {"ttl_s": (10.0, 60.0, 300.0, 900.0, 3600.0)},
     "lpm-slru": {"slru_protected_threshold": (1, 2, 3, 4, 8)},
     # TokenCake's reserve bounds (its defaults 0.05-0.30) and critical share (0.75); its time
     # scheduler needs a host tier, which tuning runs have none of

@@ -53,6 +53,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-
 from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore[import-not-found]
 from sglang.srt.runtime_context import get_memory  # type: ignore[import-not-found]
 
+from topas_bench.errors import TopasError
 from topas_bench.runners.sglang import request_log
 from topas_bench.runners.sglang.guard import PolicyGuard
 from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
@@ -97,6 +98,8 @@ class Bridge:
         #: requests finished in the last batch, whose context the policy may keep
         self.finished_pending: list[tuple[Req, TrackedRequest]] = []
         self.asks_ttl = type(policy).context_ttl is not Policy.context_ttl
+        if policy.refreshes_contexts:  # a simulator mechanism (`Policy.refreshes_contexts`)
+            raise TopasError(f"scheduler {policy.name!r} refreshes contexts on a hit: sim only")
         #: What the in-flight chunked request still needs: its unprefilled tokens and decode
         #: headroom (set by the scheduler before each prefill attempt).
         self.chunk_rest = 0

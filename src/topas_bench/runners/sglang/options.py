@@ -83,9 +83,6 @@ class SglangOptions:
     def check_spec(self, schedulers: tuple[str, ...], cluster: ClusterConfig | None) -> None:
         """What these options allow of the run: an endpoint serves one scheduler on one server;
         sglang-router's interpreter is for a cluster; no oracle variant."""
-        from topas_bench.runners.sglang_cpu.options import refuse_oracles
-
-        refuse_oracles(schedulers, "sglang")
         if cluster is not None and self.endpoint is not None:
             raise TopasError(
                 "--replicas starts the servers and sglang-router itself; it takes --model, not "
@@ -93,6 +90,9 @@ class SglangOptions:
             )
         if cluster is None and self.router_python is not None:
             raise TopasError("--router-python is for --replicas N (sglang-router)")
+        from topas_bench.schedulers.registry import refuse_sim_only
+
+        refuse_sim_only(schedulers, "a real SGLang server")
         if self.endpoint is not None and len(schedulers) != 1:
             raise TopasError(
                 "--endpoint serves one scheduler (the one its server was started with); give "

@@ -38,24 +38,12 @@ class ReferenceOptions:
     def check_spec(self, schedulers: tuple[str, ...], cluster: object) -> None:
         if cluster is not None:
             raise TopasError("--replicas is for --engine sim or sglang; sglang-cpu runs one server")
-        refuse_oracles(schedulers, "sglang-cpu")
+        from topas_bench.schedulers.registry import refuse_sim_only
+
+        refuse_sim_only(schedulers, "the sglang-cpu reference")
 
     def sim_settings(self) -> dict[str, Any]:
         return {}
 
     def engine_params(self, sim: SimConfig) -> dict[str, Any]:
         return sim_engine_params(sim)
-
-
-def refuse_oracles(schedulers: tuple[str, ...], engine: str) -> None:
-    """An oracle variant (`Policy.oracle_lengths`, e.g. `astraea-oracle`) reads true output
-    lengths, which only the simulator has."""
-    from topas_bench.schedulers.registry import SCHEDULERS
-
-    for name in schedulers:
-        factory = SCHEDULERS.get(name)
-        if getattr(factory, "oracle_lengths", False):
-            raise TopasError(
-                f"{name} is an oracle variant (true output lengths): a simulator scheduler, "
-                f"not for --engine {engine}"
-            )

@@ -24,6 +24,7 @@ class ContextPin:
     node: Node
     task_id: str
     expires_s: float
+    ttl_s: float = 0.0
 
 
 class ContextPins:
@@ -42,7 +43,9 @@ class ContextPins:
     def next_expiry(self) -> float:
         return min((p.expires_s for p in self.pins.values()), default=math.inf)
 
-    def pin(self, rid: int, node: Node, task_id: str, expires_s: float, room: float) -> bool:
+    def pin(
+        self, rid: int, node: Node, task_id: str, expires_s: float, room: float, ttl_s: float = 0.0
+    ) -> bool:
         """Lock `node`'s path if the evictable tokens it takes fit in `room` (as the adapter
         does: lock, measure, unlock when too dear)."""
         before = self.cache.evictable_tokens
@@ -50,8 +53,23 @@ class ContextPins:
         if before - self.cache.evictable_tokens > room:
             self.cache.unlock(node)
             return False
-        self.pins[rid] = ContextPin(node, task_id, expires_s)
+        self.pins[rid] = ContextPin(node, task_id, expires_s, ttl_s)
         return True
+
+    def refresh(self, hit: Node, now_s: float) -> None:
+        """Refresh on hit: a pin whose whole context lies on the matched path root..`hit`
+        expires `ttl_s` from now, if that is later (a hit ending inside the context, e.g. on
+        the agent prefix alone, refreshes nothing)."""
+        if not self.pins:
+            return
+        path: set[int] = set()
+        n: Node | None = hit
+        while n is not None:
+            path.add(id(n))
+            n = n.parent
+        for p in self.pins.values():
+            if id(p.node) in path:
+                p.expires_s = max(p.expires_s, now_s + p.ttl_s)
 
     def expire(self, now_s: float, live_tasks: Mapping[str, object]) -> None:
         """Release the pins whose time is up or whose task has ended."""

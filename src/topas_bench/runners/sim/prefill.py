@@ -122,6 +122,8 @@ class Prefill(Decode):
         adm = adder.batch[-1]
         assert adm.match is not None
         req.lock_node = adm.match.node
+        if self.policy.refreshes_contexts:
+            self.contexts.refresh(adm.match.node, self.now)
         req.prefix_len = adm.match.gpu_tokens
         req.cached_tokens = adm.match.gpu_tokens + adm.match.host_tokens
         req.admitted_s = self.now

@@ -148,7 +148,10 @@ class Residency(SimCore):
             action = self.policy.context_action(req, view)
             if action.keep_s > 0:
                 expires = self.now + action.keep_s
-                self.contexts.pin(req.rid, req.context_node, req.task_id, expires, self._pin_room())
+                room = self._pin_room()
+                self.contexts.pin(
+                    req.rid, req.context_node, req.task_id, expires, room, action.keep_s
+                )
             elif action.offload and self.cfg.host_tier_tokens:
                 self._offload(req, action.upload_in_s)
 
