@@ -22,6 +22,7 @@ from topas_bench.schedulers.registry import (
     ABLATIONS,
     BASELINES,
     PEERS,
+    PEERS_2026,
     SCHEDULERS,
     SGLANG_STOCK,
     capabilities,
@@ -484,7 +485,7 @@ def test_workloads_validate_lists_every_problem(tmp_path: Path) -> None:
 # -- schedulers and presets ----------------------------------------------------------------------
 def test_schedulers_list() -> None:
     out = text(ok("schedulers", "list"))
-    group = {n: "paper" for n in (*BASELINES, "topas")} | {n: "peer" for n in PEERS}
+    group = {n: "paper" for n in (*BASELINES, "topas")} | {n: "peer" for n in PEERS + PEERS_2026}
     group |= {n: "ablation" for n in ABLATIONS}
     yes = ("no", "yes")
     for name in SCHEDULERS.names():

@@ -13,8 +13,10 @@ import typer
 
 SCHEDULER_HELP = (
     "`paper` (the paper's five baselines + topas), `peers` (the schedulers the paper left out: "
-    "kvflow, continuum, lpm-aging, stock SGLang's), `all` (paper + peers), `baselines`, "
-    "`sglang`, `ablations`, `everything`, names, or a comma-separated mix (paper,topas-base)."
+    "kvflow, continuum, lpm-aging, tokencake, astraea, cachesage, stock SGLang's), `all` "
+    "(paper + peers), `baselines`, "
+    "`sglang`, `ablations`, `peers-2026`, `everything`, names, or a comma-separated mix "
+    "(paper,topas-base)."
 )
 
 Workload = Annotated[

@@ -222,8 +222,8 @@ def sweep(
         typer.Option(
             "--scheduler",
             "-s",
-            help="`paper`, `peers`, `all`, `baselines`, `sglang`, `ablations`, `everything`, "
-            "or a,b,c (default: all).",
+            help="`paper`, `peers`, `all`, `baselines`, `sglang`, `ablations`, `peers-2026`, "
+            "`everything`, or a,b,c (default: all).",
         ),
     ] = None,
     load: Annotated[

@@ -26,8 +26,8 @@ def tune(
             "--scheduler",
             "-s",
             help="Schedulers to tune, each in turn with the same budget: names, or groups "
-            "(`all`, `paper`, `peers`, `sglang`, `ablations`, `everything`: their schedulers "
-            "that have a grid), comma-separated.",
+            "(`all`, `paper`, `peers`, `sglang`, `ablations`, `peers-2026`, `everything`: their "
+            "schedulers that have a grid), comma-separated.",
         ),
     ] = "topas",
     workload: Annotated[

@@ -23,6 +23,7 @@ from topas_bench.schedulers.registry import (
     ABLATIONS,
     BASELINES,
     PEERS,
+    PEERS_2026,
     SCHEDULERS,
     SGLANG_STOCK,
     make_policy,
@@ -43,14 +44,15 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "baselines": BASELINES,
     "sglang": ("fcfs", "lpm", *SGLANG_STOCK),
     "ablations": ("topas", *ABLATIONS),
+    "peers-2026": PEERS_2026,
 }
 
 
 def parse_schedulers(spec: str) -> tuple[str, ...]:
     """Comma-separated scheduler names and groups (`paper` = the paper's five baselines +
     topas, `peers` = the schedulers the paper left out, `all` = both, `baselines`, `sglang` =
-    stock SGLang's policies, `ablations`, `everything` = every registered policy), e.g.
-    `paper,topas-base`."""
+    stock SGLang's policies, `ablations`, `peers-2026` = the agent-aware schedulers of
+    2025-26, `everything` = every registered policy), e.g. `paper,topas-base`."""
     names: list[str] = []
     explicit: set[str] = set()
     for item in (n.strip() for n in spec.split(",")):

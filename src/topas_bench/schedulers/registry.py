@@ -74,8 +74,12 @@ BASELINES = ("fcfs", "lpm", "spf", "parrot", "autellix")
 SGLANG_STOCK = (
     "dfs-weight", "lof", "random", "hrrn", "routing-key", "lpm-slru", "lpm-lfu", "lpm-priority",
 )  # fmt: skip
+#: The agent-aware schedulers of 2025-26 (issue 32, docs/schedulers.md): the ones that run on
+#: every engine join `peers`; `astraea-oracle` (true output lengths) and `sglang-ttl` (refresh
+#: on a hit) are simulator-only, so they run by name or in the group `peers-2026`.
+PEERS_2026 = ("tokencake", "astraea", "cachesage", "sglang-ttl", "astraea-oracle")
 #: The peers the paper left out: systems that decide what to keep, and stock SGLang.
-PEERS = ("kvflow", "continuum", "lpm-aging", *SGLANG_STOCK)
+PEERS = ("kvflow", "continuum", "lpm-aging", "tokencake", "astraea", "cachesage", *SGLANG_STOCK)
 #: TOPAS's ablations (docs/design.md section 5).
 ABLATIONS = (
     "topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint", "topas-no-pins",
@@ -105,7 +109,7 @@ def role(name: str) -> str:
     `ablation`, `peer`, or "" (registered, in no group)."""
     if name in BASELINES or name == "topas":
         return "paper"
-    return "ablation" if name in ABLATIONS else "peer" if name in PEERS else ""
+    return "ablation" if name in ABLATIONS else "peer" if name in (*PEERS, *PEERS_2026) else ""
 
 
 def capabilities(name: str) -> Capabilities:

@@ -25,11 +25,11 @@ top-level keys), e.g. a main comparison plus an ablation and a load curve:
     [scheduler_params.topas]
     beta = 0.2
 
-Keys: workloads (registered names or trace files, docs/workload-format.md), schedulers (names
-or groups as in `run --scheduler`: `all`, `baselines`, `ablations`, `everything`, `fcfs,lpm`; a
-list is their union in order), seeds, loads or rates (never both; neither = each workload's
-default rate), presets, kv_budgets (tokens, or "derived" for the preset's), tasks (default:
-200; a trace file: all of its), length_hint, host_tier_tokens, workload_params and
+Keys: workloads (registered names or trace files, docs/workload-format.md), schedulers (names or
+groups as in `run --scheduler`: `all`, `baselines`, `ablations`, `peers-2026`, `everything`,
+`fcfs,lpm`; a list is their union in order), seeds, loads or rates (never both; neither = each
+workload's default rate), presets, kv_budgets (tokens, or "derived" for the preset's), tasks
+(default: 200; a trace file: all of its), length_hint, host_tier_tokens, workload_params and
 scheduler_params (tables keyed by workload / scheduler name), out. An unknown key, a value of
 the wrong type or an unknown name is a `TopasError` naming the file and key.
 
