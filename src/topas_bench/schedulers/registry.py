@@ -12,6 +12,7 @@ from topas_bench.schedulers.autellix import Autellix
 from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown
 from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
+from topas_bench.schedulers.kairos import Kairos
 from topas_bench.schedulers.kvflow import KVFlow
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.lpm_aging import LPMAging
@@ -53,6 +54,7 @@ SCHEDULERS.add("topas-expected-path", TopasExpectedPath)
 SCHEDULERS.add("kvflow", KVFlow)
 SCHEDULERS.add("continuum", Continuum)
 SCHEDULERS.add("lpm-aging", LPMAging)
+SCHEDULERS.add("kairos", Kairos)
 for _row in STOCK:
     SCHEDULERS.add(_row.name, _row)
 
