@@ -71,6 +71,13 @@ GRIDS: dict[str, Grid] = {
     "continuum": {"memory_price": (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)},
     # k-LPM's k (1 = FCFS, infinite = LPM) and SGLang PR #31723's aging (off by default)
     "lpm-aging": {"k": (2, 4, 8, 16), "aging_tokens_per_pass": (0.0, 32.0, 128.0, 512.0)},
+    # Kairos's slot length (its PREDICT_INTERVAL 0.5 s) and Bias_factor (1), and the share of
+    # the KV budget its projection may fill (MAX_TOKENS; ours, 1.0)
+    "kairos": {
+        "slot_s": (0.25, 0.5, 1.0, 2.0),
+        "bias_factor": (0.5, 1.0, 1.5),
+        "mem_fraction": (0.8, 0.9, 1.0, 1.2),
+    },
     "lpm-slru": {"slru_protected_threshold": (1, 2, 3, 4, 8)},
     **dict.fromkeys(
         ("dfs-weight", "lof", "random", "hrrn", "routing-key", "shortest-prefill-first"),
