@@ -327,8 +327,11 @@ def test_groups_keep_their_tunable_schedulers_and_grids_are_listed() -> None:
     from topas_bench.cli_tune import _schedulers
 
     assert _schedulers("all") == (
-        "lpm", "autellix", "topas", "kvflow", "continuum", "lpm-aging", "dfs-weight", "lof",
-        "random", "hrrn", "routing-key", "lpm-slru",
+        "lpm", "autellix", "topas", "kvflow", "continuum", "lpm-aging", "tokencake", "astraea",
+        "cachesage", "kairos", "dfs-weight", "lof", "random", "hrrn", "routing-key", "lpm-slru",
+    )  # fmt: skip
+    assert _schedulers("peers-2026") == (
+        "tokencake", "astraea", "cachesage", "kairos", "sglang-ttl", "astraea-oracle",
     )  # fmt: skip
     assert _schedulers("paper,lpm,kvflow") == ("lpm", "autellix", "topas", "kvflow")
     res = runner.invoke(app, ["tune", "--grids"])

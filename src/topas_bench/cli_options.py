@@ -13,7 +13,7 @@ import typer
 
 SCHEDULER_HELP = (
     "`paper` (the paper's five baselines + topas), `peers` (the schedulers the paper left out: "
-    "kvflow, continuum, lpm-aging, tokencake, astraea, cachesage, stock SGLang's), `all` "
+    "kvflow, continuum, lpm-aging, tokencake, astraea, cachesage, kairos, stock SGLang's), `all` "
     "(paper + peers), `baselines`, "
     "`sglang`, `ablations`, `peers-2026`, `everything`, names, or a comma-separated mix "
     "(paper,topas-base)."

@@ -15,6 +15,7 @@ from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown
 from topas_bench.schedulers.cachesage import CacheSage
 from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
+from topas_bench.schedulers.kairos import Kairos
 from topas_bench.schedulers.kvflow import KVFlow
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.lpm_aging import LPMAging
@@ -63,6 +64,7 @@ SCHEDULERS.add("astraea", Astraea)
 SCHEDULERS.add("astraea-oracle", AstraeaOracle)
 SCHEDULERS.add("cachesage", CacheSage)
 SCHEDULERS.add("sglang-ttl", SglangTTL)
+SCHEDULERS.add("kairos", Kairos)
 for _row in STOCK:
     SCHEDULERS.add(_row.name, _row)
 
@@ -77,9 +79,12 @@ SGLANG_STOCK = (
 #: The agent-aware schedulers of 2025-26 (issue 32, docs/schedulers.md): the ones that run on
 #: every engine join `peers`; `astraea-oracle` (true output lengths) and `sglang-ttl` (refresh
 #: on a hit) are simulator-only, so they run by name or in the group `peers-2026`.
-PEERS_2026 = ("tokencake", "astraea", "cachesage", "sglang-ttl", "astraea-oracle")
+PEERS_2026 = ("tokencake", "astraea", "cachesage", "kairos", "sglang-ttl", "astraea-oracle")
 #: The peers the paper left out: systems that decide what to keep, and stock SGLang.
-PEERS = ("kvflow", "continuum", "lpm-aging", "tokencake", "astraea", "cachesage", *SGLANG_STOCK)
+PEERS = (
+    "kvflow", "continuum", "lpm-aging", "tokencake", "astraea", "cachesage", "kairos",
+    *SGLANG_STOCK,
+)  # fmt: skip
 #: TOPAS's ablations (docs/design.md section 5).
 ABLATIONS = (
     "topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint", "topas-no-pins",

@@ -80,6 +80,13 @@ GRIDS: dict[str, Grid] = {
     "cachesage": {"weight": (1.0, 2.0, 4.0, 8.0), "horizon": (1, 2, 3, 5)},
     # SGLang's pin TTL (Dynamo clamps to [300, 3600] s; ours 300)
     "sglang-ttl": {"ttl_s": (10.0, 60.0, 300.0, 900.0, 3600.0)},
+    # Kairos's slot length (its PREDICT_INTERVAL 0.5 s) and Bias_factor (1), and the share of
+    # the KV budget its projection may fill (MAX_TOKENS; ours, 1.0)
+    "kairos": {
+        "slot_s": (0.25, 0.5, 1.0, 2.0),
+        "bias_factor": (0.5, 1.0, 1.5),
+        "mem_fraction": (0.8, 0.9, 1.0, 1.2),
+    },
     "lpm-slru": {"slru_protected_threshold": (1, 2, 3, 4, 8)},
     # TokenCake's reserve bounds (its defaults 0.05-0.30) and critical share (0.75); its time
     # scheduler needs a host tier, which tuning runs have none of

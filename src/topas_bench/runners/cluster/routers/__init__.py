@@ -9,11 +9,12 @@ from topas_bench.registry import Registry
 from topas_bench.runners.cluster.routers.affinity import AgentAffinity
 from topas_bench.runners.cluster.routers.base import Cluster, Route, Router, parse_params
 from topas_bench.runners.cluster.routers.cache_aware import CacheAware
+from topas_bench.runners.cluster.routers.kairos import KairosDispatch
 from topas_bench.runners.cluster.routers.simple import LeastLoad, RoundRobin
 from topas_bench.runners.cluster.routers.workflow import WorkflowAware
 
 ROUTERS: Registry[type[Router]] = Registry("router")
-for _r in (RoundRobin, LeastLoad, CacheAware, AgentAffinity, WorkflowAware):
+for _r in (RoundRobin, LeastLoad, CacheAware, AgentAffinity, WorkflowAware, KairosDispatch):
     ROUTERS.add(_r.name, _r)
 
 #: sglang-router's default policy, and the router a cluster gets when none is named.
