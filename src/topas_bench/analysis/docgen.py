@@ -31,6 +31,7 @@ from topas_bench.analysis.protocol import (
     GROUP_KEY,
     best_others,
     cell_text,
+    is_family,
     levers,
     pct,
     representatives,
@@ -561,6 +562,49 @@ def summary(root: Path, dir: str, focus: str = "topas", without: str = "topas-no
     )
 
 
+def peers(root: Path, dir: str, names: str, focus: str = "topas") -> str:
+    """Per workload and each of `names` (comma-separated): where it stands. Its own paired
+    verdict against the strongest scheduler outside the focus's family (one Holm family per
+    peer: it against every such scheduler), its wins / ties / losses against all of them, the
+    focus's margin over it (from the focus's own table), and what its timeline shows: prefix
+    hit rate, wait to first admission, decode batch, preemptions."""
+    runs = runs_of(root, dir)
+    field = runs[~runs["scheduler_name"].map(lambda n: is_family(str(n), focus))]
+    top = versus(runs, focus)
+    records = []
+    for name in (n for n in names.split(",") if n):
+        if name not in set(runs["scheduler_name"]):
+            raise TopasError(f"peers: {name} has no runs in {dir}")
+        own = best_others(versus(field, name))
+        for _, b in own[own["metric"] == "mean"].iterrows():
+            w, label = b["workload"], b["group_label"]
+            g = runs[(runs["workload"] == w) & (runs["group_label"] == label)]
+            d = g[g["scheduler"] == b["focus"]]
+            t = top[(top["workload"] == w) & (top["group_label"] == label)
+                    & (top["metric"] == "mean") & (top["other_name"] == name)]  # fmt: skip
+            form = str(d["variant"].iloc[0]) if "variant" in d and len(d) else "default"
+            records.append({
+                "workload": w, "scheduler": f"{name} ({form})",
+                "mean JCT s": f"{d['mean_jct_s'].mean():.1f}",
+                "vs the strongest other (mean)": f"{cell_text(b)} over {b['other_name']}",
+                "win / tie / loss": f"{b['n_win']} / {b['n_tie']} / {b['n_loss']} of "
+                                    f"{b['n_others']}",
+                f"{focus} over it (mean)": cell_text(t.iloc[0]) if len(t) else "-",
+                "prefix hit": f"{100 * d['prefix_hit_rate'].mean():.1f}%",
+                "wait to admission (s)": f"{d['queue_mean_s'].mean():.1f}",
+                "decode batch": f"{d['decode_batch'].mean():.2f}",
+                "preemptions / run": f"{d['preemptions'].mean():.0f}",
+            })  # fmt: skip
+    order = _workload_order(list({r["workload"] for r in records}))
+    records.sort(key=lambda r: order.index(r["workload"]))
+    return _md(records) + (
+        f"\n(Means over seeds {_seeds(runs)}; each scheduler in its representative form, tuned "
+        'where it has one. "vs the strongest other": the scheduler against every other but '
+        f'{focus}\'s ablations, one Holm family per scheduler; "{focus} over it": from '
+        f"{focus}'s own table.)\n"
+    )
+
+
 BLOCKS: dict[str, Callable[..., str]] = {
     "summary": summary,
     "capability": capability,
@@ -576,4 +620,5 @@ BLOCKS: dict[str, Callable[..., str]] = {
     "regime-summary": regime_summary,
     "calibration": calibration,
     "demand": demand,
+    "peers": peers,
 }
