@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from fuzz_targets import classify, invoke
 from topas_bench.analysis.collect import collect
 from topas_bench.results import TABLES, check_cell
-from topas_bench.runners.sim.cost import _PRESETS
+from topas_bench.runners.sim.preset import _PRESETS
 
 FILES = (*(f"{t}.parquet" for t in TABLES), "run.json")
 CELLS = ("fcfs-s0", "fcfs-s1", "topas-s0", "topas-s1")

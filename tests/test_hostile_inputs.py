@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from topas_bench.cli import app
 from topas_bench.runners.sglang.metadata import KEY, decode
-from topas_bench.runners.sim.cost import _PRESETS
+from topas_bench.runners.sim.preset import _PRESETS
 from topas_bench.schedulers.autellix import critical_path_attained
 from topas_bench.workloads.registry import generate
 from topas_bench.workloads.trace import dumps_workload

@@ -214,10 +214,11 @@ def test_unverified_cells_are_reported_with_a_note_and_never_reused(
     assert report_means(root) == before
 
 
-def test_the_committed_reference_reads_unverified_with_a_note(tmp_path: Path) -> None:
+def test_the_committed_reference_reads_verified(tmp_path: Path) -> None:
+    """The committed reference is in the current format: every cell's digests check out."""
     ref = Path(__file__).parent.parent / "results" / "reference"
     coll = collect(ref)
-    assert coll.problems == [] and len(coll.unverified) == len(coll.runs) > 300
+    assert coll.problems == [] and coll.unverified == [] and len(coll.runs) > 300
 
 
 def test_run_redoes_a_changed_cell_and_lists_it(tmp_path: Path) -> None:
