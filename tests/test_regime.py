@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -178,6 +179,24 @@ def test_the_committed_regime_map_sweep_file_is_valid() -> None:
               for r in runs}  # fmt: skip
     assert len(groups) == 5 * levels * len(spec.seeds)
     assert len({(r.workload, r.kv_budget_tokens) for r in runs}) == 5 * 3 * 3
+    committed = pd.read_csv(path.parent / "regime-map" / "runs.csv.gz")
+    assert set(spec.schedulers) == set(committed["scheduler_name"])  # the file is what ran
+
+
+def test_the_tool_workloads_regime_map_sweep_file_is_valid() -> None:
+    from topas_bench.sweep import read_toml
+
+    path = Path(__file__).resolve().parents[1] / "results" / "regime-map-tools.toml"
+    [(spec, _)] = load_specs(read_toml(path), {}, str(path), base=path.parent)
+    assert spec.workloads == ("code-agent", "deep-research") and len(spec.seeds) >= 10
+    assert {"topas", "topas-no-preempt", "tokencake", "astraea", "cachesage", "kairos",
+            "sglang-ttl"} <= set(spec.schedulers)  # fmt: skip
+    assert spec.tuned is not None and spec.tuned_only
+    runs = spec.runs(Path("o"))
+    # code-agent has one agent: its "one agent fits" budget is its "all fit" one
+    budgets = {(r.workload, r.kv_budget_tokens) for r in runs}
+    assert len([b for b in budgets if b[0] == "code-agent"]) == 2
+    assert len([b for b in budgets if b[0] == "deep-research"]) == 3
     names = {s for r in runs for s in r.schedulers}
     assert names == set(spec.schedulers)  # tuned instead of, not beside, the defaults
     assert not set(spec.seeds) & set(spec.tuned.budget.seeds)
