@@ -106,14 +106,15 @@ class ClusterSim:
         agents = replace(workload, tasks=())
         done = self._task_done
         self.replicas = [
-            Replica(i, self, agents, p, cost, config, self._estimator(cost, config), done)
+            Replica(i, self, agents, p, cost, config, self._estimator(cost, config, p), done)
             for i, p in enumerate(policies)
         ]
 
-    def _estimator(self, cost: CostModel, config: SimConfig) -> ServiceEstimator:
-        """A replica's own estimator; with the oracle hint, every replica reads one lookup of
+    def _estimator(self, cost: CostModel, config: SimConfig, policy: Policy) -> ServiceEstimator:
+        """A replica's own estimator; with the oracle hint or an oracle variant
+        (`Policy.oracle_lengths`, as the single server's), every replica reads one lookup of
         true lengths (a replica's own would hold every stage of the workload N times)."""
-        if config.length_hint != "oracle":
+        if config.length_hint != "oracle" and not policy.oracle_lengths:
             return ServiceEstimator(cost)
         if self._truths is None:
             self._truths = {(t.id, s.id): s.output_tokens for t, s in self.workload.stages()}
