@@ -1,8 +1,10 @@
 """`sglang-ttl`: SGLang's own agent cache control after 0.5.23: finished contexts pinned for a
 time to live, refreshed on a hit, released when the session closes.
 
-Mirrored from SGLang's main branch after the 0.5.23 release (no release number: the repository
-snapshot was too large to fetch here, so what was read is the pull requests and files below):
+Mirrored from SGLang's main branch after the 0.5.23 release. There is no release number to
+name: 0.5.23 is the newest release on PyPI (`pip index versions sglang`, 2026-12-04), so these
+features are unreleased; the repository snapshot was too large to fetch here, so what was read
+is the pull requests and files below:
 - PR #18941 (merged 2026-02, "TTL-based prefix pinning with refresh-on-hit for HiRadixCache",
   `mem_cache/hiradix_cache.py`, `/hicache/pin_prefix`): after a request's stream completes, the
   client (Dynamo's router, `nvext.cache_control`, PR ai-dynamo/dynamo#6213) pins the request's
