@@ -14,9 +14,14 @@ from test_schedulers import req, view
 from topas_bench.errors import TopasError
 from topas_bench.runners.sim.pins import set_prefix_priorities
 from topas_bench.runners.sim.radix import RadixCache
-from topas_bench.schedulers.base import InvalidParameter
+from topas_bench.schedulers.base import InvalidParameter, sim_only_error
 from topas_bench.schedulers.cachesage import BASE_PRIORITY, AgentChain, CacheSage
-from topas_bench.schedulers.registry import capabilities, make_policy, refuse_sim_only
+from topas_bench.schedulers.registry import (
+    SCHEDULERS,
+    capabilities,
+    make_policy,
+    refuse_sim_only,
+)
 from topas_bench.schedulers.sglang_ttl import SglangTTL
 from topas_bench.workloads.model import Task, agent_key, output_key
 from topas_bench.workloads.pieces import pieces
@@ -171,6 +176,11 @@ def test_sglang_ttl_is_sim_only_and_validates_its_ttl() -> None:
     with pytest.raises(TopasError, match="simulator mechanism"):
         refuse_sim_only(("fcfs", "sglang-ttl"), "the sglang-cpu reference")
     refuse_sim_only(("fcfs", "cachesage"), "the sglang-cpu reference")
+    # the plugin's adapter asks the same check of its policy's class
+    assert sim_only_error(SCHEDULERS.get("cachesage"), "cachesage", "the SGLang plugin") is None
+    for name, words in (("sglang-ttl", "simulator mechanism"), ("astraea-oracle", "oracle")):
+        error = sim_only_error(SCHEDULERS.get(name), name, "the SGLang plugin")
+        assert error is not None and words in error and "the SGLang plugin" in error
     with pytest.raises(InvalidParameter, match="ttl_s must be >= 0"):
         make_policy("sglang-ttl", ttl_s=-1)
     assert capabilities("sglang-ttl") == capabilities("cachesage") == capabilities("fcfs")

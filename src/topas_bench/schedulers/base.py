@@ -536,6 +536,24 @@ class OrderingPolicy(Policy):
         return Decision(admit=sorted(view.waiting, key=lambda r: self.sort_key(r, view)))
 
 
+def sim_only_error(cls: type[Policy], name: str, engine: str) -> str | None:
+    """Why a policy class cannot run on `engine` (anything but the simulator), or None: true
+    output lengths (`Policy.oracle_lengths`, an oracle variant such as `astraea-oracle`) or
+    kept contexts refreshed on a cache hit (`Policy.refreshes_contexts`). One check for the
+    engines' options (`registry.refuse_sim_only`) and the plugin's adapter."""
+    if cls.oracle_lengths:
+        return (
+            f"{name} is an oracle variant (true output lengths): a simulator scheduler, "
+            f"not for {engine}; run it with --engine sim"
+        )
+    if cls.refreshes_contexts:
+        return (
+            f"scheduler {name!r} refreshes kept contexts on a cache hit, a simulator "
+            f"mechanism {engine} does not have; run it with --engine sim"
+        )
+    return None
+
+
 __all__ = [
     "BUDGET_MARGIN",
     "DROP",
@@ -562,4 +580,5 @@ __all__ = [
     "require_bool",
     "require_int",
     "require_number",
+    "sim_only_error",
 ]

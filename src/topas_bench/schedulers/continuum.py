@@ -28,6 +28,7 @@ not tuned. Admission is `parrot`'s key (task arrival, then queue entry).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from topas_bench.schedulers.base import (
@@ -35,15 +36,22 @@ from topas_bench.schedulers.base import (
     OrderingPolicy,
     RequestView,
     StageState,
+    StageView,
     TaskView,
     require_number,
 )
 
 
-def expected_send_s(task: TaskView, target: str, view: EngineView) -> float:
+def expected_send_s(
+    task: TaskView,
+    target: str,
+    view: EngineView,
+    delay: Callable[[StageView], float] = lambda st: st.delay_s,
+) -> float:
     """Expected seconds until `target` (a stage not yet sent) is sent: the longest chain of
     expected service (prefill and output) and client delays through its unfinished
-    ancestors."""
+    ancestors. `delay`: a stage's client delay before it is sent (by default its declared
+    `delay_s`; `toolwait.predicted_send_s` passes observed tool times)."""
     ready: dict[str, float] = {}
     for sid, st in task.stages.items():  # topological order
         if st.state == StageState.DONE:
@@ -51,7 +59,7 @@ def expected_send_s(task: TaskView, target: str, view: EngineView) -> float:
         after = max(
             (ready[d] + _service(task, d, view) for d in st.deps if d in ready), default=0.0
         )
-        ready[sid] = after + (st.delay_s if st.request is None else 0.0)
+        ready[sid] = after + (delay(st) if st.request is None else 0.0)
         if sid == target:
             break
     return ready.get(target, 0.0)

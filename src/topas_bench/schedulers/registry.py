@@ -11,7 +11,7 @@ from topas_bench.errors import TopasError
 from topas_bench.registry import Registry
 from topas_bench.schedulers.astraea import Astraea, AstraeaOracle
 from topas_bench.schedulers.autellix import Autellix
-from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown
+from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown, sim_only_error
 from topas_bench.schedulers.cachesage import CacheSage
 from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
@@ -128,23 +128,14 @@ def capabilities(name: str) -> Capabilities:
 
 
 def refuse_sim_only(schedulers: tuple[str, ...], engine: str) -> None:
-    """`TopasError` naming the first of `schedulers` that needs what only the simulator has:
-    true output lengths (`Policy.oracle_lengths`, an oracle variant such as `astraea-oracle`)
-    or kept contexts refreshed on a cache hit (`Policy.refreshes_contexts`)."""
+    """`TopasError` naming the first of `schedulers` that needs what only the simulator has
+    (`sim_only_error`)."""
     for name in schedulers:
         factory = SCHEDULERS.get(name)
-        if not (isinstance(factory, type) and issubclass(factory, Policy)):
-            continue
-        if factory.oracle_lengths:
-            raise TopasError(
-                f"{name} is an oracle variant (true output lengths): a simulator scheduler, "
-                f"not for {engine}; run it with --engine sim"
-            )
-        if factory.refreshes_contexts:
-            raise TopasError(
-                f"scheduler {name!r} refreshes kept contexts on a cache hit, a simulator "
-                f"mechanism {engine} does not have; run it with --engine sim"
-            )
+        if isinstance(factory, type) and issubclass(factory, Policy):
+            error = sim_only_error(factory, name, engine)
+            if error is not None:
+                raise TopasError(error)
 
 
 def is_policy_class(name: str, base: type[Policy]) -> bool:

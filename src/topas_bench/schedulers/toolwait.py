@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topas_bench.schedulers.base import EngineView, StageState, TaskView
-from topas_bench.schedulers.continuum import next_turn
+from topas_bench.schedulers.base import EngineView, TaskView
+from topas_bench.schedulers.continuum import expected_send_s, next_turn
 
 #: The tool time assumed before any has been observed (TokenCake's `default_stall_s`,
 #: pku-lemonade/TokenCake `vllm/tokencake/config.py`).
@@ -49,26 +49,7 @@ def predicted_send_s(task: TaskView, target: str, view: EngineView) -> float:
     """Expected seconds until `target` (a stage not yet sent) reaches the server: the longest
     chain of expected service and expected tool times through its unfinished ancestors
     (`continuum.expected_send_s` with observed tool times in place of declared delays)."""
-    est = view.estimator
-    ready: dict[str, float] = {}
-    for sid, st in task.stages.items():  # topological order
-        if st.state == StageState.DONE:
-            continue
-        after = 0.0
-        for d in st.deps:
-            if d in ready:
-                dep = task.stages[d]
-                req = dep.request
-                service = (
-                    est.residual_service_s(req)
-                    if req is not None
-                    else est.stage_service_s(task.id, dep)
-                )
-                after = max(after, ready[d] + service)
-        ready[sid] = after + (tool_s(view, st.agent, st.kind) if st.request is None else 0.0)
-        if sid == target:
-            break
-    return ready.get(target, 0.0)
+    return expected_send_s(task, target, view, lambda st: tool_s(view, st.agent, st.kind))
 
 
 def stall_s(task: TaskView, stage_id: str, agent: str, view: EngineView) -> float | None:

@@ -57,7 +57,14 @@ from topas_bench.errors import TopasError
 from topas_bench.runners.sglang import request_log
 from topas_bench.runners.sglang.guard import PolicyGuard
 from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
-from topas_bench.schedulers.base import Decision, Policy, PrefixLocation, PrefixView, Standing
+from topas_bench.schedulers.base import (
+    Decision,
+    Policy,
+    PrefixLocation,
+    PrefixView,
+    Standing,
+    sim_only_error,
+)
 from topas_bench.schedulers.estimator import ServiceEstimator
 
 SGLANG_VERSION = "0.5.23"
@@ -98,8 +105,9 @@ class Bridge:
         #: requests finished in the last batch, whose context the policy may keep
         self.finished_pending: list[tuple[Req, TrackedRequest]] = []
         self.asks_ttl = type(policy).context_ttl is not Policy.context_ttl
-        if policy.refreshes_contexts:  # a simulator mechanism (`Policy.refreshes_contexts`)
-            raise TopasError(f"scheduler {policy.name!r} refreshes contexts on a hit: sim only")
+        error = sim_only_error(type(policy), policy.name, "the SGLang plugin")
+        if error is not None:  # true lengths or refresh on a hit: simulator mechanisms
+            raise TopasError(error)
         #: What the in-flight chunked request still needs: its unprefilled tokens and decode
         #: headroom (set by the scheduler before each prefill attempt).
         self.chunk_rest = 0
