@@ -38,6 +38,9 @@ PROBE = """JSON.stringify({
   styled: getComputedStyle(document.querySelector('header') || document.body).position,
   ids: [...document.querySelectorAll('[id]')].map(e => e.id),
   height: document.documentElement.scrollHeight,
+  overflow: document.documentElement.scrollWidth - window.innerWidth,
+  charts: [...document.querySelectorAll('[data-chart]')].filter(e => e.offsetParent !== null)
+                                                         .map(e => e.dataset.drawn === '1'),
 })"""
 
 
@@ -64,6 +67,10 @@ class PageLoad:
         out += [f"script exception: {e}" for e in self.exceptions]
         out += [f"console error: {e}" for e in self.console_errors]
         out += [f"image did not load: {s}" for s in self.probe.get("brokenImages", [])]
+        if self.probe.get("overflow", 0) > 0:
+            out.append(f"wider than the window by {self.probe['overflow']} px")
+        if not all(self.probe.get("charts", [])):
+            out.append("a visible chart was not drawn")
         return out
 
 
@@ -185,6 +192,13 @@ class Browser:
                     page.console_errors.append(str(p["entry"].get("text")))
         self._target = target
         return page, session
+
+    def evaluate(self, session: str, expression: str) -> Any:
+        """The value of a JavaScript expression in the tab (JSON-serialisable)."""
+        out = self.call("Runtime.evaluate", session, expression=expression, returnByValue=True)
+        if "exceptionDetails" in out:
+            raise RuntimeError(f"{expression}: {out['exceptionDetails'].get('text')}")
+        return out["result"].get("value")
 
     def screenshot(self, session: str, path: Path, full_height: int = 0) -> Path:
         """The first screen, or with `full_height` (the page's scroll height) all of it."""

@@ -115,18 +115,22 @@ def report(
     scheduler, against each of its ablations and each tuned scheduler against its defaults,
     per setting and metric, paired over seeds with a 95% bootstrap interval, win / loss only
     where it excludes 0 after Holm's correction over each table (verdicts.csv, levers.csv,
-    tuning.csv; runs.csv.gz holds the per-run numbers they are computed from).
+    tuning.csv; runs.csv.gz holds the per-run numbers they are computed from). cdf.csv.gz
+    and timeline.csv.gz keep what the site's JCT distributions and timelines need, so that a
+    report directory redraws them without its runs.
 
     Examples:
       topas-bench report runs/s1
       topas-bench report runs/s1 --slo 3x --out runs/s1/slo3
       topas-bench report runs/paper-regime --tuned runs/tune/tuned.toml --out results/pr
     """
+    from topas_bench.analysis.compact import write_compact
     from topas_bench.analysis.render import to_markdown, write_report
 
     target = check_out_dir(out_dir if out_dir is not None else results)
-    _, rep = _load(results, slo, skip_bad, allow_mixed_revisions, focus, tuned)
+    coll, rep = _load(results, slo, skip_bad, allow_mixed_revisions, focus, tuned)
     files = write_report(rep, target)
+    files += write_compact(coll, rep.rows, target)
     if not quiet:
         out.print(to_markdown(rep), markup=False)
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)

@@ -1,20 +1,16 @@
-"""`topas-bench site`: a static site of a RESULTS directory, to browse before reading.
+"""`topas-bench site`: a static site of a RESULTS directory, to read before the tables.
 
-No server and no network: every page, image and style sheet is a local file, linked
-relatively, so the directory opens from disk, as a CI artifact or on GitHub Pages. Pages:
+No server and no network: every page, script, style sheet and data file is local and linked
+relatively, so the directory opens from disk, as a CI artifact or on GitHub Pages. The
+charts are drawn in the browser by plotly.js, copied at build time from the pinned `plotly`
+package (the `figures` extra) with its license beside it (`vendor/`); the pages work as
+tables without it. Pages (`pages`): the leaderboard (index), one page per workload, one per
+source, every source listed, levers, fidelity and, with `--history`, the nightly history.
 
-- `index.html`: the headline (the first source's TOPAS against the best of all schedulers
-  per workload and metric, with intervals, seeds, engine, settings, code revision) and its
-  figure, then every other source's summary;
-- `workload-<name>.html`: per source, every setting's JCT table of every scheduler, calls and
-  stage latencies, then the figures (relative JCT, CDF, load curve, stage latency, the
-  mechanism timeline) and, when the results hold a load x KV-budget grid, the regime map;
-- `ablations.html`, `fidelity.html` (when RESULTS has `fidelity/fidelity.json` or
-  `bench/reference.json`), `history.html` (with `--history`).
-
-Every page names the command that regenerates it; every figure says its setting. Pages are
-Jinja2 templates (`templates/`), tables are pandas' HTML; Jinja2 is imported only here (the
-`figures` extra).
+The site is a pure function of RESULTS: it reads the committed report directories (rows,
+per-run table, verdicts, levers, compact CDF and timeline tables: `compact`) and run trees,
+draws no matplotlib figure but the nightly history's, and writes the same bytes for the same
+files, so `make figures` on a clean clone rebuilds the committed site exactly.
 """
 
 from __future__ import annotations
@@ -82,26 +78,45 @@ def build_site(
 ) -> SiteResult:
     """Write the site of `results` into `out`; `command` is the one that regenerates it (shown
     on every page)."""
-    from topas_bench.analysis.plotting import pyplot
-    from topas_bench.analysis.site.draw import draw_source
     from topas_bench.analysis.site.pages import Pages
 
     env = _environment()
+    vendor = plotly_js()
     sources = discover(results, runs or {}, opts or Options())
     hist = _history(history)
     prepare(out)
-    plt = pyplot()
-    drawn: dict[str, Any] = {}
-    files = 0
-    for src in sources:
-        drawn[src.name], written = draw_source(plt, out, src)
-        files += len(written)
-    pages = Pages(sources, drawn, command, _fidelity(results), hist, out, plt)
+    pages = Pages(sources, command, _fidelity(results), hist, out)
     written_pages = pages.write(env)
-    style = resources.files("topas_bench.analysis.site").joinpath("templates/style.css")
-    (out / "style.css").write_text(style.read_text())
-    return SiteResult(out, written_pages, files + len(pages.extra_files) + len(written_pages) + 1,
-                      [s.name for s in sources])  # fmt: skip
+    static = resources.files("topas_bench.analysis.site").joinpath("templates")
+    for name in STATIC:
+        (out / name).write_text(static.joinpath(name).read_text())
+    (out / "vendor").mkdir()
+    for src, name in vendor:
+        shutil.copyfile(src, out / "vendor" / name)
+    files = sum(1 for f in out.rglob("*") if f.is_file())
+    return SiteResult(out, written_pages, files, [s.name for s in sources])
+
+
+#: Files copied as they are from `templates/`.
+STATIC = ("style.css", "site.js")
+PLOTLY_JS = "plotly.min.js"
+
+
+def plotly_js() -> list[tuple[Path, str]]:
+    """plotly.js and its license from the installed `plotly` package (read as files, never
+    imported): [(path, name in vendor/)]."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("plotly")
+    except metadata.PackageNotFoundError:
+        raise TopasError("the site needs plotly.js: pip install 'topas-bench[figures]'") from None
+    js = Path(str(dist.locate_file("plotly/package_data/plotly.min.js")))
+    lic = next((Path(str(dist.locate_file(f))) for f in dist.files or []
+                if f.name.startswith("LICENSE")), None)  # fmt: skip
+    if not js.is_file() or lic is None or not lic.is_file():
+        raise TopasError(f"plotly {dist.version}: no plotly.min.js or license in the package")
+    return [(js, PLOTLY_JS), (lic, "plotly-LICENSE.txt")]
 
 
 def _history(directory: Path | None) -> Any:

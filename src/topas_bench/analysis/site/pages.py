@@ -1,7 +1,24 @@
-"""The site's pages: each a Jinja2 template filled with tables (pandas HTML) and figures."""
+"""The site's pages: Jinja2 templates filled with leaderboards, tables and the data the page's
+charts are drawn from (JSON in the page, drawn by `site.js` with the vendored plotly.js).
+
+- `index.html`: per workload, its lead source's verdict sentence and leaderboard (the first
+  source in `site.toml` order that has the workload leads it), the paper's reduction beside
+  TOPAS's;
+- `workload-<name>.html`: the lead source's leaderboard, JCT distribution, lever effects,
+  mechanism timeline and stage latency; then every other source with this workload, each
+  under its own setting;
+- `source-<name>.html`: one source: what it is, how to regenerate it, each workload's
+  leaderboard, every setting's verdict against the strongest other, its own figures;
+- `sources.html`, `levers.html`, `fidelity.html`, `history.html`.
+
+Every table links the CSV it is drawn from (under `data/`).
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,12 +26,17 @@ from typing import Any
 import pandas as pd
 
 from topas_bench.analysis.figures import main_groups
-from topas_bench.analysis.plotting import common_setting, setting_title
+from topas_bench.analysis.plotting import setting_title
+from topas_bench.analysis.protocol import best_others
+from topas_bench.analysis.report import PAPER_REDUCTIONS
 from topas_bench.analysis.site import tables
-from topas_bench.analysis.site.draw import Figure, Missing
+from topas_bench.analysis.site.leaderboard import FOCUS, METRICS, leaderboards, sentence
 from topas_bench.analysis.site.sources import Source
-from topas_bench.schedulers.registry import ABLATIONS
+from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, PEERS_2026
 from topas_bench.workloads.registry import WORKLOADS
+
+#: Line charts show TOPAS and this many leaders; the rest start hidden (one click shows them).
+SHOWN = 7
 
 
 def workload_key(name: str) -> tuple[int, str]:
@@ -22,136 +44,493 @@ def workload_key(name: str) -> tuple[int, str]:
     return (names.index(name) if name in names else len(names), name)
 
 
+def safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
 def page_name(workload: str) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in workload)
-    return f"workload-{safe}.html"
+    return f"workload-{safe(workload)}.html"
+
+
+def source_page(name: str) -> str:
+    return f"source-{safe(name)}.html"
+
+
+def family(name: str) -> str:
+    """The scheduler's family, for colours and the chooser's presets."""
+    if name == FOCUS:
+        return "topas"
+    if name.startswith("topas"):
+        return "lever"
+    if name in BASELINES:
+        return "baseline"
+    if name in PEERS_2026:
+        return "peer-2026"
+    if name in PEERS:
+        return "peer"
+    return "other"
+
+
+def _num(v: Any) -> float | None:
+    """A JSON-safe number (None for NaN)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) or math.isinf(f) else round(f, 6)
+
+
+def _fmt(v: Any, unit: str) -> str:
+    f = _num(v)
+    if f is None:
+        return "-"
+    return f"{f:,.1f}" if unit == "s" else f"{f:.4f}"
+
+
+def _ci(v: Any, lo: Any, hi: Any, unit: str) -> str:
+    if _num(lo) is None:
+        return _fmt(v, unit)
+    return f"{_fmt(v, unit)} [{_fmt(lo, unit)}, {_fmt(hi, unit)}]"
+
+
+def seed_text(seeds: str) -> str:
+    """`0,1,2,3` as `0-3`; other lists as they are."""
+    try:
+        n = sorted(int(x) for x in str(seeds).split(",") if x.strip())
+    except ValueError:
+        return str(seeds)
+    if len(n) > 2 and n == list(range(n[0], n[-1] + 1)):
+        return f"{n[0]}-{n[-1]}"
+    return ", ".join(map(str, n))
+
+
+def _pct(v: Any, lo: Any = None, hi: Any = None) -> str:
+    f = _num(v)
+    if f is None:
+        return "-"
+    if _num(lo) is None:
+        return f"{100 * f:+.1f}%"
+    return f"{100 * f:+.1f}% [{100 * float(lo):+.1f}, {100 * float(hi):+.1f}]"
+
+
+@dataclass
+class Board:
+    """One setting's leaderboard: every metric's ranking, its sentences and its CSV."""
+
+    id: str
+    source: Source
+    workload: str
+    group_label: str
+    rows: pd.DataFrame  # leaderboard.COLUMNS
+    setting: str
+    seeds: str
+    engine: str
+    csv: str = ""
+
+    def sentences(self) -> dict[str, str]:
+        return {m: sentence(self.rows, m) for m in METRICS}
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        """Per metric, the table's rows: display text and sort keys."""
+        wide: dict[tuple[str, str, str], Any] = {
+            (str(r["metric"]), str(r["scheduler"]), k): r[k]
+            for _, r in self.rows.iterrows()
+            for k in ("value", "value_lo", "value_hi")
+        }
+        out: dict[str, list[dict[str, Any]]] = {}
+        for m, (_, lower, _, unit) in METRICS.items():
+            rows = []
+            for _, r in self.rows[self.rows["metric"] == m].sort_values("rank").iterrows():
+                s = str(r["scheduler"])
+                cells = {}
+                for mm, (_, _, _, u) in METRICS.items():
+                    v = wide.get((mm, s, "value"))
+                    text = (_ci(v, wide.get((mm, s, "value_lo")), wide.get((mm, s, "value_hi")), u)
+                            if mm == m else _fmt(v, u))  # fmt: skip
+                    cells[mm] = {"text": text, "v": _num(v)}
+                rows.append({
+                    "rank": int(r["rank"]), "scheduler": s, "family": family(s),
+                    "form": r["form"], "label": r["label"], "cells": cells,
+                    "margin": _pct(r["margin"], r["lo"], r["hi"]),
+                    "margin_v": _num(r["margin"]), "verdict": r["verdict"] or "-",
+                })  # fmt: skip
+            out[m] = rows
+            del lower, unit
+        return out
+
+    def chart(self) -> dict[str, Any]:
+        """The chart's data: per metric, each scheduler's value and interval, ranked."""
+        data: dict[str, Any] = {}
+        for m, (_, lower, label, unit) in METRICS.items():
+            b = self.rows[self.rows["metric"] == m].sort_values("rank")
+            data[m] = {
+                "label": label, "unit": unit, "lower": lower,
+                "s": list(b["scheduler"]), "f": [family(s) for s in b["scheduler"]],
+                "v": [_num(v) for v in b["value"]], "lo": [_num(v) for v in b["value_lo"]],
+                "hi": [_num(v) for v in b["value_hi"]], "verdict": list(b["verdict"]),
+                "margin": [_pct(a, lo, hi) for a, lo, hi in zip(b["margin"], b["lo"], b["hi"],
+                                                                strict=True)],
+            }  # fmt: skip
+        return data
+
+
+def _rows_board(g: pd.DataFrame) -> pd.DataFrame:
+    """A leaderboard from report rows alone (a report without per-run data): ranks and the
+    report's intervals, no paired margin and no verdict."""
+    from topas_bench.analysis.site.leaderboard import COLUMNS
+
+    g = g[~g["scheduler"].isin(ABLATIONS)]
+    records = []
+    for m, (col, lower, _, _) in METRICS.items():
+        if col not in g:
+            continue
+        d = g.sort_values(col, ascending=lower, kind="stable")
+        leader = str(d.iloc[0]["scheduler"])
+        for rank, (_, r) in enumerate(d.iterrows(), start=1):
+            records.append({
+                "workload": r["workload"], "engine": r.get("engine", ""),
+                "group_label": r["group_label"], "metric": m, "rank": rank,
+                "scheduler": r["scheduler"], "form": "", "label": r["scheduler"],
+                "value": r[col], "value_lo": r.get(f"{col}_lo"), "value_hi": r.get(f"{col}_hi"),
+                "n_seeds": r.get("n_seeds"), "leader": leader,
+                "verdict": "leader" if rank == 1 else "",
+            })  # fmt: skip
+    return pd.DataFrame(records).reindex(columns=COLUMNS)
 
 
 @dataclass
 class Pages:
     sources: list[Source]
-    drawn: dict[str, dict[str, Figure | Missing]]
     command: str
     fidelity: dict[str, Any]
     history: Any
     out: Path
-    plt: Any
+    plt: Any = None
     extra_files: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.boards: dict[tuple[str, str], Board] = {}
+        for s in self.sources:
+            for w in s.workloads:
+                self.boards[(s.name, w)] = self._board(s, w)
+
+    # --- what is where ---------------------------------------------------------------------
 
     @property
     def workloads(self) -> list[str]:
         names = {w for s in self.sources for w in s.workloads}
         return sorted(names, key=workload_key)
 
+    def lead(self, workload: str) -> Source:
+        """The source a workload's numbers come from on the index and its page."""
+        return next(s for s in self.sources if workload in s.workloads)
+
     def nav(self, here: str) -> list[dict[str, Any]]:
-        items = [("index.html", "Headline")]
+        items = [("index.html", "Leaderboard")]
         items += [(page_name(w), w) for w in self.workloads]
-        if any(s.rows["scheduler"].isin(ABLATIONS).any() for s in self.sources):
-            items.append(("ablations.html", "Ablations"))
+        if any(not s.levers.empty for s in self.sources):
+            items.append(("levers.html", "Levers"))
+        items.append(("sources.html", "All results"))
         if self.fidelity:
             items.append(("fidelity.html", "Fidelity"))
         if self.history is not None:
             items.append(("history.html", "Nightly history"))
         return [{"href": h, "label": label, "here": h == here} for h, label in items]
 
+    def _board(self, s: Source, w: str) -> Board:
+        rows = s.rows[s.rows["workload"] == w]
+        first = main_groups(rows).iloc[0]
+        label = str(first["group_label"])
+        if not s.runs.empty and "variant" in s.runs:
+            board = leaderboards(s.runs[s.runs["workload"] == w], s.rows, s.verdicts, {label})
+        else:
+            board = pd.DataFrame()
+        if board.empty:
+            board = _rows_board(rows[rows["group_label"] == label])
+        bid = f"{safe(s.name)}-{safe(w)}"
+        engine = str(first.get("engine", "")) or "sim"
+        setting = setting_title(first).replace(f", engine {engine}", "")
+        return Board(bid, s, w, label, board, setting, seed_text(str(first["seeds"])),
+                     engine)  # fmt: skip
+
+    # --- writing ---------------------------------------------------------------------------
+
     def write(self, env: Any) -> list[str]:
-        pages = {"index.html": ("index.html.j2", self.index())}
+        data = self.out / "data"
+        data.mkdir(exist_ok=True)
+        for b in self.boards.values():
+            b.csv = self._csv(b.rows, b.source.name, f"leaderboard-{safe(b.workload)}.csv")
+        pages: dict[str, tuple[str, dict[str, Any]]] = {"index.html": ("index.html.j2",
+                                                                       self.index())}  # fmt: skip
         for w in self.workloads:
             pages[page_name(w)] = ("workload.html.j2", self.workload(w))
+        for s in self.sources:
+            pages[source_page(s.name)] = ("source.html.j2", self.source(s))
+        pages["sources.html"] = ("sources.html.j2", self.source_list())
         names = [n["href"] for n in self.nav("")]
-        if "ablations.html" in names:
-            pages["ablations.html"] = ("ablations.html.j2", self.ablations())
+        if "levers.html" in names:
+            pages["levers.html"] = ("levers.html.j2", self.levers())
         if "fidelity.html" in names:
             pages["fidelity.html"] = ("fidelity.html.j2", self.fidelity_page())
         if "history.html" in names:
             pages["history.html"] = ("history.html.j2", self.history_page())
         for name, (template, ctx) in pages.items():
-            ctx |= {"nav": self.nav(name), "command": self.command}
+            page_data = ctx.pop("data", {})
+            ctx |= {"nav": self.nav(name), "command": self.command,
+                    "page_data": json.dumps(page_data, separators=(",", ":"),
+                                            sort_keys=True).replace("</", "<\\/")}  # fmt: skip
             (self.out / name).write_text(env.get_template(template).render(**ctx))
         return list(pages)
 
-    def _source(self, s: Source) -> dict[str, Any]:
+    def _csv(self, table: pd.DataFrame, source: str, name: str) -> str:
+        d = self.out / "data" / safe(source)
+        d.mkdir(parents=True, exist_ok=True)
+        table.to_csv(d / name, index=False, float_format="%.6g")
+        return f"data/{safe(source)}/{name}"
+
+    def _copy(self, path: Path, source: str) -> str | None:
+        if not path.is_file():
+            return None
+        d = self.out / "data" / safe(source)
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, d / path.name)
+        return f"data/{safe(source)}/{path.name}"
+
+    # --- contexts --------------------------------------------------------------------------
+
+    def _facts(self, s: Source) -> dict[str, Any]:
         main = main_groups(s.rows)
-        shared, _ = common_setting(main)
-        others = main[~main["scheduler"].str.startswith("topas")]["scheduler"]
+        seeds = sorted({seed_text(x) for x in main["seeds"].astype(str)})
         return {
-            "compared": ", ".join(dict.fromkeys(others)),
             "name": s.name, "title": s.title, "about": s.about, "commands": s.commands,
-            "code": s.code, "slo": s.slo, "data": s.data, "shared": shared,
-            "seeds": ", ".join(sorted(set(s.rows["seeds"].astype(str)))), "notes": s.notes,
+            "code": s.code, "slo": s.slo, "data": s.data, "notes": s.notes,
+            "href": source_page(s.name), "seeds": "; ".join(seeds),
             "workloads": [{"name": w, "href": page_name(w)} for w in s.workloads],
+            "schedulers": len(set(s.runs["scheduler_name"])) if "scheduler_name" in s.runs
+            else len(set(main["scheduler"])),
         }  # fmt: skip
 
-    def _headline(self, s: Source, name: str) -> str:
-        # seeds and engine: the source's facts name them
-        table = tables.headline(s.rows, s.verdicts)
-        return tables.html(tables.without_constant(table, ("seeds", "engine")), name)
+    def _board_ctx(self, b: Board) -> dict[str, Any]:
+        return {"id": b.id, "workload": b.workload, "href": page_name(b.workload),
+                "sentences": b.sentences(), "tables": b.tables(), "csv": b.csv,
+                "setting": b.setting, "seeds": b.seeds, "engine": b.engine,
+                "source": self._facts(b.source), "paper": self._paper(b),
+                "paired": bool(b.rows["margin"].notna().any())}  # fmt: skip
+
+    def _paper(self, b: Board) -> dict[str, str] | None:
+        """TOPAS's reduction against the best of the paper's baselines, beside the paper's."""
+        paper = PAPER_REDUCTIONS.get(b.workload)
+        topas = b.rows[(b.rows["scheduler"] == FOCUS) & (b.rows["metric"] == "mean")]
+        if paper is None or topas.empty:
+            return None
+        r = b.source.rows
+        hit = r[(r["workload"] == b.workload) & (r["group_label"] == b.group_label)
+                & (r["scheduler"] == topas.iloc[0]["label"])]  # fmt: skip
+        if hit.empty or "reduction_mean" not in hit:
+            return None
+        h = hit.iloc[0]
+        return {
+            "mean": _pct(h["reduction_mean"], h.get("reduction_mean_lo"),
+                         h.get("reduction_mean_hi")),
+            "p99": _pct(h["reduction_p99"], h.get("reduction_p99_lo"), h.get("reduction_p99_hi")),
+            "paper_mean": f"{100 * paper[0]:+.1f}%", "paper_p99": f"{100 * paper[1]:+.1f}%",
+            "baseline_mean": str(h.get("best_baseline_mean", "")),
+            "baseline_p99": str(h.get("best_baseline_p99", "")),
+        }  # fmt: skip
+
+    def _schedulers(self, boards: list[Board]) -> list[dict[str, str]]:
+        names: dict[str, None] = {}
+        for b in boards:
+            names |= dict.fromkeys(b.rows[b.rows["metric"] == "mean"].sort_values("rank")
+                                   ["scheduler"])  # fmt: skip
+        order = sorted(names, key=lambda n: (n != FOCUS, list(names).index(n)))
+        return [{"name": n, "family": family(n)} for n in order]
 
     def index(self) -> dict[str, Any]:
-        first, *rest = self.sources
+        boards = [self.boards[(self.lead(w).name, w)] for w in self.workloads]
+        leads = list(dict.fromkeys(b.source.name for b in boards))
         return {
-            "title": "topas-bench results",
-            "headline": self._source(first),
-            "headline_table": self._headline(first, "headline"),
-            "headline_figure": self.drawn[first.name].get("relative"),
-            "headline_extra": [
-                f for k, f in self.drawn[first.name].items() if k in ("relative_all", "requests")
-            ],
-            "others": [
-                {
-                    **self._source(s),
-                    "table": self._headline(s, f"h-{s.name}"),
-                    "figure": self.drawn[s.name].get("relative"),
-                }
-                for s in rest
-            ],
-        }
+            "title": "Leaderboard",
+            "boards": [self._board_ctx(b) for b in boards],
+            "leads": [self._facts(s) for s in self.sources if s.name in leads],
+            "schedulers": self._schedulers(boards),
+            "others": [self._facts(s) for s in self.sources if s.name not in leads],
+            "data": {"boards": {b.id: b.chart() for b in boards}},
+        }  # fmt: skip
 
     def workload(self, w: str) -> dict[str, Any]:
-        sections = []
+        lead = self.lead(w)
+        b = self.boards[(lead.name, w)]
+        data: dict[str, Any] = {"boards": {b.id: b.chart()}}
+        cdf = self._cdf(lead, b)
+        if cdf:
+            data["cdf"] = cdf
+        levers = self._levers(lead, w)
+        if levers:
+            data["levers"] = levers
+        timeline = self._timeline(lead, b)
+        if timeline:
+            data["timeline"] = timeline
+        stages = lead.stages[lead.stages["group"] == f"{w} | {b.group_label}"] \
+            if not lead.stages.empty else lead.stages  # fmt: skip
+        ranked = b.rows[b.rows["metric"] == "mean"].sort_values("rank")
+        stage_table = tables.stages(stages, list(ranked["label"]))
+        stage_table = stage_table.rename(columns=dict(zip(ranked["label"], ranked["scheduler"],
+                                                          strict=True)))  # fmt: skip
+        others = []
         for s in self.sources:
-            rows = s.rows[s.rows["workload"] == w]
-            if rows.empty:
+            if s is lead or w not in s.workloads:
                 continue
-            main = main_groups(rows)["group"].iloc[0]
-            _, own = common_setting(rows)
-            groups = []
-            for i, (key, g) in enumerate(rows.groupby("group", sort=False)):
-                st = s.stages[s.stages["group"] == key] if not s.stages.empty else s.stages
-                groups.append({
-                    "label": own[str(key)] if own[str(key)] != "-" else g.iloc[0]["group_label"],
-                    "setting": setting_title(g.iloc[0]),
-                    "seeds": g.iloc[0]["seeds"], "main": key == main,
-                    "jct": tables.html(tables.jct(g), f"{s.name}-{i}-jct"),
-                    "calls": tables.html(tables.calls(g), f"{s.name}-{i}-calls"),
-                    "stages": tables.html(tables.stages(st, list(g["scheduler"])),
-                                          f"{s.name}-{i}-stages"),
-                })  # fmt: skip
-            drawn = self.drawn[s.name]
-            keys = ("cdf", "load", "stages", "timeline")
-            sections.append({
-                **self._source(s), "groups": groups,
-                "figures": [drawn[f"{k}:{w}"] for k in keys if f"{k}:{w}" in drawn],
-                "regime": [f for k, f in drawn.items() if k.startswith(f"regime:{w}")],
-            })  # fmt: skip
-        return {"title": w, "workload": w, "sections": sections,
-                "has_regime": any(sec["regime"] for sec in sections)}  # fmt: skip
+            ob = self.boards[(s.name, w)]
+            data["boards"][ob.id] = ob.chart()
+            others.append({**self._board_ctx(ob), "images": self._images(s, w)})
+        spec = WORKLOADS.get(w) if w in WORKLOADS.names() else None
+        return {
+            "title": w, "workload": w, "about": spec.description if spec else "",
+            "board": self._board_ctx(b), "schedulers": self._schedulers([b]),
+            "has_cdf": bool(cdf), "has_levers": bool(levers), "has_timeline": bool(timeline),
+            "timeline_note": timeline.get("note", "") if timeline else "",
+            "stages": tables.html(stage_table, f"stages-{safe(w)}"),
+            "stages_csv": self._csv(stage_table, lead.name, f"stages-{safe(w)}.csv")
+            if not stage_table.empty else "",
+            "others": others, "data": data,
+        }  # fmt: skip
 
-    def ablations(self) -> dict[str, Any]:
-        sections = []
-        for s in self.sources:
-            abl = s.rows[s.rows["scheduler"].isin(ABLATIONS)]
-            if abl.empty:
+    def _images(self, s: Source, w: str) -> list[dict[str, str]]:
+        """The source's own committed figures of this workload (e.g. the regime map's margin
+        maps), copied beside the pages."""
+        if s.report_dir is None:
+            return []
+        out = []
+        for png in sorted(s.report_dir.glob(f"*_{w}.png")):
+            dest = self.out / "img" / safe(s.name)
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(png, dest / png.name)
+            self.extra_files.append(dest / png.name)
+            out.append({"src": f"img/{safe(s.name)}/{png.name}",
+                        "caption": f"{png.stem} ({s.name}, drawn by its own command)"})  # fmt: skip
+        return out
+
+    def _cdf(self, s: Source, b: Board) -> dict[str, Any]:
+        c = s.cdf
+        if c.empty:
+            return {}
+        c = c[(c["workload"] == b.workload) & (c["group_label"] == b.group_label)]
+        labels = b.rows[b.rows["metric"] == "mean"].sort_values("rank")
+        series = []
+        for i, (_, r) in enumerate(labels.iterrows()):
+            d = c[c["scheduler"] == r["label"]]
+            if d.empty:
                 continue
-            groups = s.rows[s.rows["group"].isin(set(abl["group"]))]
-            parts = []
-            for i, (_, g) in enumerate(groups.groupby("group", sort=False)):
-                table = tables.html(tables.ablation(g), f"{s.name}-a{i}")
-                parts.append({"setting": setting_title(g.iloc[0]), "seeds": g.iloc[0]["seeds"],
-                              "table": table})  # fmt: skip
-            sections.append({**self._source(s), "parts": parts,
-                             "figure": self.drawn[s.name].get("ablation")})  # fmt: skip
-        return {"title": "Ablations", "sections": sections}
+            series.append({"s": r["scheduler"], "f": family(str(r["scheduler"])),
+                           "x": [_num(v) for v in d["jct_s"]], "y": [_num(v) for v in d["q"]],
+                           "shown": r["scheduler"] == FOCUS or i <= SHOWN})  # fmt: skip
+        return {"series": series, "setting": b.setting} if series else {}
+
+    def _levers(self, s: Source, w: str) -> dict[str, Any]:
+        lv = s.levers
+        if lv.empty:
+            return {}
+        lv = lv[lv["workload"] == w]
+        if lv.empty:
+            return {}
+        out: dict[str, Any] = {}
+        for m, d in lv.groupby("metric", sort=False):
+            out[str(m)] = {
+                "lever": list(d["other_name"]), "margin": [_num(v) for v in d["margin"]],
+                "lo": [_num(v) for v in d["lo"]], "hi": [_num(v) for v in d["hi"]],
+                "verdict": list(d["verdict"]), "n": len(lv),
+            }  # fmt: skip
+        return out
+
+    def _timeline(self, s: Source, b: Board) -> dict[str, Any]:
+        t = s.timeline
+        if t.empty:
+            return {}
+        t = t[(t["workload"] == b.workload) & (t["group_label"] == b.group_label)]
+        if t.empty:
+            return {}
+        names = {str(lab): str(n) for lab, n in
+                 zip(b.rows["label"], b.rows["scheduler"], strict=True)}  # fmt: skip
+        runs: list[dict[str, Any]] = []
+        for sched, d in t.groupby("scheduler", sort=False):
+            series = {str(k): {"t": [_num(v) for v in g["t_s"]],
+                               "v": [_num(v) for v in g["value"]]}
+                      for k, g in d.groupby("series", sort=False)}  # fmt: skip
+            name = names.get(str(sched), str(sched).split("[")[0])
+            runs.append({"s": name, "f": family(name), "series": series})
+        seed = int(t["seed"].iloc[0])
+        budget = int(b.source.rows[b.source.rows["group_label"] == b.group_label]
+                     ["kv_budget_tokens"].iloc[0])  # fmt: skip
+        return {"runs": runs, "seed": seed, "budget": budget,
+                "note": f"seed {seed}, {b.setting}"}  # fmt: skip
+
+    def source(self, s: Source) -> dict[str, Any]:
+        boards = [self.boards[(s.name, w)] for w in s.workloads]
+        settings = self._settings(s)
+        where = s.report_dir
+        files = [f for f in (self._copy(where / n, s.name) for n in
+                             ("verdicts.csv", "report.csv")) if f] if where else []  # fmt: skip
+        return {
+            "title": s.title, "source": self._facts(s),
+            "boards": [self._board_ctx(b) for b in boards],
+            "schedulers": self._schedulers(boards),
+            "settings": settings["html"], "settings_csv": settings["csv"],
+            "n_settings": settings["n"], "files": files,
+            "images": [i for w in s.workloads for i in self._images(s, w)],
+            "data": {"boards": {b.id: b.chart() for b in boards}},
+        }  # fmt: skip
+
+    def _settings(self, s: Source) -> dict[str, Any]:
+        """Every setting of a source: TOPAS against the strongest other, per metric."""
+        if s.verdicts.empty or "other_name" not in s.verdicts:
+            return {"html": "", "csv": "", "n": 0}
+        best = best_others(s.verdicts)
+        if best.empty:
+            return {"html": "", "csv": "", "n": 0}
+        table = pd.DataFrame([{
+            "workload": r["workload"], "setting": r["group_label"], "metric": r["metric"],
+            "strongest other": r["other_name"],
+            "TOPAS / other (s)": f"{r['focus_value']:,.1f} / {r['other_value']:,.1f}",
+            "TOPAS's margin": _pct(r["margin"], r["lo"], r["hi"]), "verdict": r["verdict"],
+            "TOPAS wins / ties / losses": f"{r['n_win']} / {r['n_tie']} / {r['n_loss']}",
+        } for _, r in best.iterrows()])  # fmt: skip
+        table.attrs["verdicts"] = {"verdict": list(best["verdict"])}
+        return {"html": tables.html(table, f"settings-{safe(s.name)}"),
+                "csv": self._csv(best, s.name, "settings.csv"),
+                "n": int(best.groupby(["workload", "group_label"]).ngroups)}  # fmt: skip
+
+    def source_list(self) -> dict[str, Any]:
+        return {"title": "All results", "sources": [self._facts(s) for s in self.sources]}
+
+    def levers(self) -> dict[str, Any]:
+        sections, data = [], {}
+        for s in self.sources:
+            lv = s.levers
+            if lv.empty:
+                continue
+            sid = f"lev-{safe(s.name)}"
+            table = pd.DataFrame([{
+                "workload": r["workload"], "lever off": r["other_name"], "metric": r["metric"],
+                "TOPAS / lever off (s)": f"{r['focus_value']:,.1f} / {r['other_value']:,.1f}",
+                "what the lever is worth": _pct(r["margin"], r["lo"], r["hi"]),
+                "verdict": r["verdict"], "setting": r["group_label"],
+            } for _, r in lv.iterrows()])  # fmt: skip
+            table.attrs["verdicts"] = {"verdict": list(lv["verdict"])}
+            main = set(main_groups(s.rows)["group_label"])
+            plot = lv[lv["group_label"].isin(main)]
+            data[sid] = {
+                m: {"x": [f"{w}: {o}" for w, o in zip(d["workload"], d["other_name"],
+                                                       strict=True)],
+                    "margin": [_num(v) for v in d["margin"]], "lo": [_num(v) for v in d["lo"]],
+                    "hi": [_num(v) for v in d["hi"]], "verdict": list(d["verdict"])}
+                for m, d in plot.groupby("metric", sort=False)
+            }  # fmt: skip
+            sections.append({"id": sid, "source": self._facts(s), "n": len(lv),
+                             "chart": bool(data[sid]),
+                             "table": tables.html(table, sid),
+                             "csv": self._csv(lv, s.name, "levers.csv")})  # fmt: skip
+        return {"title": "Levers", "sections": sections, "data": {"levers": data}}
 
     def fidelity_page(self) -> dict[str, Any]:
         f = self.fidelity
@@ -169,12 +548,15 @@ class Pages:
 
     def history_page(self) -> dict[str, Any]:
         from topas_bench.analysis.history import plot
+        from topas_bench.analysis.plotting import pyplot
 
         hist, drops = self.history
         img = self.out / "img" / "history"
+        pyplot()
         files = plot(hist, img, formats=("png",))
         self.extra_files += files
-        figs = [Figure(f"img/history/{p.name}", f"{p.stem}: nightly trend") for p in files]
+        figs = [{"src": f"img/history/{p.name}", "caption": f"{p.stem}: nightly trend"}
+                for p in files]  # fmt: skip
         return {
             "title": "Nightly history",
             "figures": figs,
@@ -182,3 +564,6 @@ class Pages:
             "drops": [d.describe() for d in drops],
             "nights": hist["date"].nunique(),
         }
+
+
+__all__ = ["Pages", "page_name"]

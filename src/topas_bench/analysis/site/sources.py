@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.collect import Collection, check_revisions, collect, unverified_note
+from topas_bench.analysis.compact import cdf_table, read_compact, timeline_table
 from topas_bench.analysis.metrics import Slo
 from topas_bench.analysis.report import COMPARED, build_report
 from topas_bench.errors import TopasError
@@ -57,16 +58,22 @@ class Source:
     #: from the runs, or from a report directory's runs.csv.gz and verdicts.csv when it has them
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)
     verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the protocol's lever table (levers.csv); the compact CDF and timeline tables
+    #: (`compact`): from the runs, or from a report directory's cdf.csv.gz / timeline.csv.gz
+    levers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cdf: pd.DataFrame = field(default_factory=pd.DataFrame)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the directory it was read from
+    path: Path | None = None
 
     @property
     def has_runs(self) -> bool:
         return self.coll is not None
 
-    def covered(self, rows: pd.DataFrame) -> pd.DataFrame:
-        """The rows whose group has runs behind it (CDFs and timelines need them)."""
-        if self.coll is None:
-            return rows.iloc[0:0]
-        return rows[rows["group"].isin(set(self.coll.runs["group"]))]
+    @property
+    def report_dir(self) -> Path | None:
+        """The report directory it was read from (None for a run tree)."""
+        return self.path if self.path is not None and not is_run_tree(self.path) else None
 
     @property
     def workloads(self) -> list[str]:
@@ -143,21 +150,37 @@ def _load(name: str, path: Path, runs: Path | None, conf: dict[str, Any], opts: 
         notes += [n for n in (unverified_note(coll),) if n]
         if not commands:
             commands = [f"topas-bench report {path}"]
+        cdf, timeline = cdf_table(coll, rep.rows), timeline_table(coll, rep.rows)
         return Source(name, title, about, rep.rows, rep.stages, rep.slo.describe(), commands,
                       str(conf.get("code", codes)), coll, notes, runs=rep.runs,
-                      verdicts=rep.verdicts)  # fmt: skip
+                      verdicts=rep.verdicts, levers=rep.levers, cdf=cdf, timeline=timeline,
+                      path=path)  # fmt: skip
     rows, stages, slo = read_report(path)
     if "engine" in conf:  # a report written before report.csv recorded the engine
         rows["engine"] = rows["engine"].replace("", str(conf["engine"]))
     code = str(conf.get("code", "; ".join(sorted(set(rows["code"]) - {""})) or "not recorded"))
     data = "the report's rows (report.csv, report-stages.csv); its runs are not here"
-    src = Source(name, title, about, rows, stages, slo, commands, code, data=data)
+    src = Source(name, title, about, rows, stages, slo, commands, code, data=data, path=path)
     src.runs, src.verdicts = read_protocol(path)
+    src.levers = _read_csv(path / "levers.csv")
+    src.cdf, src.timeline = read_compact(path)
+    if not src.cdf.empty or not src.timeline.empty:
+        src.data = ("the report's rows, per-run table and compact JCT distributions and "
+                    "timelines (cdf.csv.gz, timeline.csv.gz); its runs are not here")  # fmt: skip
     if runs is not None:
         src.coll, src.notes = _behind(name, runs, rows, opts)
-        src.data = (f"the report's rows; CDFs and timelines from the runs in {runs}, which "
-                    "reproduce the report's JCTs")  # fmt: skip
+        src.cdf, src.timeline = cdf_table(src.coll, rows), timeline_table(src.coll, rows)
+        src.data = (f"the report's rows; JCT distributions and timelines from the runs in "
+                    f"{runs}, which reproduce the report's JCTs")  # fmt: skip
     return src
+
+
+def _read_csv(f: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(f, keep_default_na=False, na_values=[""]) if f.is_file() \
+            else pd.DataFrame()  # fmt: skip
+    except (OSError, ValueError) as e:
+        raise TopasError(f"{f}: unreadable ({e})") from None
 
 
 def _behind(
