@@ -44,13 +44,11 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_sim.py
 
 ## figures: results/report.md from the committed results/reference/, then the static site of
-## results/ (the evaluation reports and the reference, ordered by results/site.toml) in results/site/
-## (SITE_RUNS="evaluation-paper=runs/eval-paper ...": runs behind a committed report, which draw
-## its CDFs and timelines once they reproduce its JCTs)
-SITE_RUNS ?=
+## results/ (the report directories and the reference, ordered by results/site.toml) in
+## results/site/: from committed files only, so a clean clone rebuilds the committed site exactly
 figures: $(VENV)/.installed-dev
-	$(BIN)/topas-bench report results/reference --out results --quiet
-	$(BIN)/topas-bench site results --out results/site $(foreach r,$(SITE_RUNS),--runs $(r))
+	$(BIN)/topas-bench report results/reference --out results --quiet --no-site-data
+	$(BIN)/topas-bench site results --out results/site
 
 ## browser: a headless Chromium for the site's browser test (tests/test_site.py): Debian's
 ## chromium-headless-shell, installed with apt-get when no Chromium is on PATH, as root or with sudo

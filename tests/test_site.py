@@ -261,7 +261,8 @@ def test_the_committed_site_is_what_the_committed_results_build(tmp_path: Path) 
                     ignore=shutil.ignore_patterns("site", "reference"))  # fmt: skip
     (tmp_path / "results" / "reference").symlink_to(ROOT / "results" / "reference")
     res = subprocess.run(
-        [sys.executable, "-m", "topas_bench.cli", "site", "results", "--out", "results/site"],
+        [str(Path(sys.executable).parent / "topas-bench"), "site", "results", "--out",
+         "results/site"],
         cwd=tmp_path, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
@@ -271,6 +272,22 @@ def test_the_committed_site_is_what_the_committed_results_build(tmp_path: Path) 
     assert built == kept
     differ = [n for n in sorted(built) if (out / n).read_bytes() != (committed / n).read_bytes()]
     assert differ == [], f"rebuilt files differ from results/site: {differ[:5]} (make figures)"
+
+
+#: The size budget of what results/ commits (README, "Site").
+SIZE_BUDGET_MB = {"site": 15.0, "site data per report": 1.0, "results": 60.0}
+
+
+def test_the_committed_results_stay_within_their_size_budget() -> None:
+    def mb(paths: list[Path]) -> float:
+        return sum(p.stat().st_size for p in paths if p.is_file()) / 1e6
+
+    results = ROOT / "results"
+    assert mb(list((results / "site").rglob("*"))) <= SIZE_BUDGET_MB["site"]
+    for d in results.iterdir():
+        data = [d / "cdf.csv.gz", d / "timeline.csv.gz"]
+        assert mb(data) <= SIZE_BUDGET_MB["site data per report"], d
+    assert mb(list(results.rglob("*"))) <= SIZE_BUDGET_MB["results"]
 
 
 def test_bad_input_is_one_line_and_exit_2(results: Path, tmp_path: Path) -> None:
@@ -445,3 +462,50 @@ def test_the_committed_site_in_chromium() -> None:
         assert p.problems() == [], url
     not_blank(shots / "index.png")
     not_blank(shots / "workload-dag4.png")
+
+
+# --- the leaderboard's verdicts against the protocol's ------------------------------------------
+
+
+def synthetic_runs() -> pd.DataFrame:
+    """One setting, ten seeds: `a` fastest, TOPAS second, `b` far behind; goodput inverse."""
+    rng = np.random.default_rng(7)
+    base = 100 + 10 * rng.standard_normal(10)
+    rows = []
+    for name, scale in (("a", 0.80), ("topas", 0.90), ("b", 1.30)):
+        for seed in range(10):
+            v = base[seed] * scale * (1 + 0.01 * rng.standard_normal())
+            rows.append({
+                "workload": "chain3", "engine": "sim", "group_label": "load 0.8",
+                "scheduler": name, "scheduler_name": name, "scheduler_params": "{}",
+                "seed": seed, "mean_jct_s": v, "p99_jct_s": 2 * v, "goodput_tps": 1 / v,
+                "variant": "default",
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_leaderboard_cells_with_topas_are_the_protocols_cells() -> None:
+    from topas_bench.analysis.protocol import versus
+    from topas_bench.analysis.site.leaderboard import leaderboards, sentence
+
+    runs = synthetic_runs()
+    rows = runs.groupby(["workload", "group_label", "scheduler"], as_index=False)[
+        ["mean_jct_s", "p99_jct_s", "goodput_tps"]].mean()  # fmt: skip
+    table = versus(runs)
+    board = leaderboards(runs, rows, table)
+    mean = board[board["metric"] == "mean"].set_index("scheduler")
+    assert list(mean.sort_values("rank").index) == ["a", "topas", "b"]
+    assert mean.loc["a", "verdict"] == "leader"
+    # TOPAS trails `a`: the protocol's own cell (TOPAS vs a), its margin and its verdict
+    cell = table[(table["other_name"] == "a") & (table["metric"] == "mean")].iloc[0]
+    assert mean.loc["topas", "focus_margin"] == pytest.approx(cell["margin"])
+    assert mean.loc["topas", "verdict"] == ("loss" if cell["verdict"] == "loss" else "tie")
+    assert mean.loc["topas", "margin"] > 0  # the leader's margin over TOPAS
+    # `b` against the leader `a`: no TOPAS in the cell, judged in the leaderboard's family
+    assert mean.loc["b", "verdict"] == "loss" and mean.loc["b", "margin"] > 0.3
+    # goodput: higher is better, the same order
+    good = board[board["metric"] == "goodput"].sort_values("rank")
+    assert list(good["scheduler"]) == ["a", "topas", "b"]
+    assert good.iloc[2]["margin"] > 0
+    text = sentence(board, "mean")
+    assert text.startswith("a leads on mean JCT") and "TOPAS ranks 2 of 3" in text

@@ -103,6 +103,13 @@ def report(
             "scheduler's tuned form, which stands for it in the verdicts.",
         ),
     ] = None,
+    site_data: Annotated[
+        bool,
+        typer.Option(
+            help="Also write cdf.csv.gz and timeline.csv.gz (what the site draws without the "
+            "runs)."
+        ),
+    ] = True,
 ) -> None:
     """Summarise a results tree: JCT (mean/p50/p90/p99 with 95% bootstrap intervals over
     seeds), reduction vs the best baseline, goodput under an SLO, request-level TTFT, TPOT,
@@ -130,7 +137,8 @@ def report(
     target = check_out_dir(out_dir if out_dir is not None else results)
     coll, rep = _load(results, slo, skip_bad, allow_mixed_revisions, focus, tuned)
     files = write_report(rep, target)
-    files += write_compact(coll, rep.rows, target)
+    if site_data:
+        files += write_compact(coll, rep.rows, target)
     if not quiet:
         out.print(to_markdown(rep), markup=False)
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)

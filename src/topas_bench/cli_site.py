@@ -52,14 +52,16 @@ def site(
         typer.Option("--allow-mixed-revisions", help="Show runs of several code revisions."),
     ] = False,
 ) -> None:
-    """Write a static site of RESULTS: a headline page (TOPAS against the best of all per
-    workload and metric, with intervals, seeds, engine, settings, code revision), one page per
-    workload (every setting's JCT table, CDF, load curve, stage latency, the mechanism
-    timeline, the regime map where the results hold a load x KV grid), ablations, fidelity and
-    the nightly history. No server, no network: open OUT/index.html from disk.
+    """Write a static site of RESULTS: a leaderboard per workload (every scheduler ranked on
+    mean JCT, p99 JCT or goodput, each against the leader with the protocol's paired verdict,
+    the paper's reduction beside TOPAS's), one page per workload (JCT distribution, lever
+    effects, the mechanism over one run, stage latency, the other sources' settings), one per
+    source, levers, fidelity and the nightly history. Charts are drawn offline by the bundled
+    plotly.js; tables sort and download as CSV. No server, no network: open OUT/index.html.
 
     RESULTS is one run tree (a sweep's --out) or a directory of sources: run trees and report
-    directories (report.csv, without the runs), ordered and titled by RESULTS/site.toml.
+    directories (what `topas-bench report` writes, runs not needed), ordered and titled by
+    RESULTS/site.toml.
 
     Examples:
       topas-bench site results --out results/site

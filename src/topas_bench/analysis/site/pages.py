@@ -37,6 +37,8 @@ from topas_bench.workloads.registry import WORKLOADS
 
 #: Line charts show TOPAS and this many leaders; the rest start hidden (one click shows them).
 SHOWN = 7
+#: A source's own CSV files are copied into the site up to this size (the site's size budget).
+COPY_MAX_BYTES = 600_000
 
 
 def workload_key(name: str) -> tuple[int, str]:
@@ -289,7 +291,9 @@ class Pages:
         return f"data/{safe(source)}/{name}"
 
     def _copy(self, path: Path, source: str) -> str | None:
-        if not path.is_file():
+        """A source's own file, copied beside the pages when it is small (`COPY_MAX_BYTES`):
+        the larger ones stay in the repository, named on the source's page."""
+        if not path.is_file() or path.stat().st_size > COPY_MAX_BYTES:
             return None
         d = self.out / "data" / safe(source)
         d.mkdir(parents=True, exist_ok=True)
@@ -306,8 +310,9 @@ class Pages:
             "code": s.code, "slo": s.slo, "data": s.data, "notes": s.notes,
             "href": source_page(s.name), "seeds": "; ".join(seeds),
             "workloads": [{"name": w, "href": page_name(w)} for w in s.workloads],
-            "schedulers": len(set(s.runs["scheduler_name"])) if "scheduler_name" in s.runs
-            else len(set(main["scheduler"])),
+            "schedulers": max((int((b.rows["metric"] == "mean").sum())
+                               for (name, _), b in self.boards.items() if name == s.name),
+                              default=0),
         }  # fmt: skip
 
     def _board_ctx(self, b: Board) -> dict[str, Any]:
@@ -469,14 +474,16 @@ class Pages:
         boards = [self.boards[(s.name, w)] for w in s.workloads]
         settings = self._settings(s)
         where = s.report_dir
-        files = [f for f in (self._copy(where / n, s.name) for n in
-                             ("verdicts.csv", "report.csv")) if f] if where else []  # fmt: skip
+        names = ("verdicts.csv", "report.csv", "runs.csv.gz")
+        files = [f for f in (self._copy(where / n, s.name) for n in names) if f] if where else []
+        kept = [f"results/{where.name}/{n}" for n in names if where and (where / n).is_file()
+                and f"data/{safe(s.name)}/{n}" not in files]  # fmt: skip
         return {
             "title": s.title, "source": self._facts(s),
             "boards": [self._board_ctx(b) for b in boards],
             "schedulers": self._schedulers(boards),
             "settings": settings["html"], "settings_csv": settings["csv"],
-            "n_settings": settings["n"], "files": files,
+            "n_settings": settings["n"], "files": files, "kept": kept,
             "images": [i for w in s.workloads for i in self._images(s, w)],
             "data": {"boards": {b.id: b.chart() for b in boards}},
         }  # fmt: skip

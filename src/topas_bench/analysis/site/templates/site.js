@@ -90,12 +90,13 @@
   function leverTraces(byMetric, labelKey) {
     var traces = [];
     Object.keys(byMetric).forEach(function (m) {
-      var d = byMetric[m], labels = d[labelKey];
+      var d = byMetric[m];
+      var labels = d[labelKey].map(function (l) { return l + " (" + m + ")"; });
       traces.push({
         type: "scatter", mode: "markers", name: m + " JCT",
         x: d.margin.map(function (v) { return v === null ? null : 100 * v; }),
         y: labels, hovertext: labels.map(function (l, i) {
-          return "<b>" + l + "</b> (" + m + ")<br>margin " + (100 * d.margin[i]).toFixed(1) +
+          return "<b>" + l + "</b><br>margin " + (100 * d.margin[i]).toFixed(1) +
             "% [" + (100 * d.lo[i]).toFixed(1) + ", " + (100 * d.hi[i]).toFixed(1) + "]<br>verdict: " +
             d.verdict[i];
         }), hoverinfo: "text",
@@ -110,11 +111,11 @@
     return traces;
   }
   function leverLayout(n) {
-    return { height: Math.max(200, 30 * n + 90), margin: { l: 190, r: 20, t: 20, b: 50 },
+    return { height: Math.max(220, 2 * 24 * n + 100), margin: { l: 220, r: 20, t: 40, b: 50 },
              xaxis: { title: { text: "1 - TOPAS / lever off (%); above 0: the lever helps" },
                       zeroline: true, zerolinecolor: "#333", zerolinewidth: 1.5, gridcolor: "#eee" },
              yaxis: { automargin: true, autorange: "reversed" },
-             legend: { orientation: "h", x: 0, y: 1.08 } };
+             legend: { orientation: "h", x: 0, y: 1.0, yanchor: "bottom" } };
   }
   function leverChart(el) {
     var l = DATA.levers;
