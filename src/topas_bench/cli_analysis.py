@@ -106,8 +106,7 @@ def report(
     site_data: Annotated[
         bool,
         typer.Option(
-            help="Also write cdf.csv.gz and timeline.csv.gz (what the site draws without the "
-            "runs)."
+            help="Also write cdf.csv.gz and timeline.csv.gz (what the site draws without the runs)."
         ),
     ] = True,
 ) -> None:
