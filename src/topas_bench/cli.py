@@ -225,11 +225,12 @@ def schedulers_list() -> None:
             notes.append(broken)
             table.add_row(name, "plugin", "?", "?", "(fails to load: see the note below)")
             continue
-        caps = capabilities(name)
-        about = summary(name)
         if plugin is not None:
-            about = f"{about} (from {plugin.distribution} {plugin.version})".lstrip()
-        table.add_row(name, role(name), yes[caps.acts_while_full], yes[caps.preempts], about)
+            notes.append(f"{name} is a plugin: {plugin.describe()}")
+        caps = capabilities(name)
+        table.add_row(
+            name, role(name), yes[caps.acts_while_full], yes[caps.preempts], summary(name)
+        )
     out.print(table)
     for line in notes:
         out.print(f"note: {line}", markup=False, highlight=False)
