@@ -301,3 +301,14 @@ def test_the_example_package_installs_lists_runs_and_sweeps(tmp_path: Path) -> N
     swept = topas("sweep", "-c", sweep)
     for name in ("busiest-agent", "topas"):
         assert list((tmp_path / "swept" / "chain3" / name).iterdir()), swept
+
+
+def test_a_report_needs_no_plugin_to_load(install: Install) -> None:
+    """Analysis reads files: a plugin that cannot be loaded, or clashes, shows as unknown
+    powers in a report instead of stopping it."""
+    from topas_bench.analysis.render import powers
+
+    install("tp-report", "0.1", {"broken": "tp_report:Missing"}, POLICY)
+    assert powers("broken") == "?" and powers("fcfs") == "no / no"
+    install("tp-report-clash", "0.1", {"lpm": "tp_report_clash:Newest"}, POLICY)
+    assert powers("fcfs") == "?"
