@@ -200,7 +200,8 @@ def workloads_validate(
 @schedulers_app.command("list")
 @handles_errors
 def schedulers_list() -> None:
-    """List the registered schedulers: group, capabilities, description.
+    """List the registered schedulers (built-in, then installed plugins): group, capabilities,
+    description.
 
     "acts while full": asked, and may act, while the batch is full (SGLang's `batch_is_full`);
     "preempts": may retract running requests by its own decision (docs/schedulers.md).
@@ -209,18 +210,30 @@ def schedulers_list() -> None:
     """
     from rich.table import Table
 
+    from topas_bench.schedulers.plugins import note
     from topas_bench.schedulers.registry import SCHEDULERS, capabilities, role, summary
 
     table = Table(title="schedulers (docs/schedulers.md)", title_justify="left")
     for column in ("name", "group", "acts while full", "preempts", "description"):
         table.add_column(column)
     yes = ("no", "yes")
+    notes = []
     for name in SCHEDULERS:
+        plugin = SCHEDULERS.plugin(name)
+        broken = note(plugin) if plugin is not None else None
+        if broken is not None:  # listed, not loaded: using it fails with the same line
+            notes.append(broken)
+            table.add_row(name, "plugin", "?", "?", "(fails to load: see the note below)")
+            continue
+        if plugin is not None:
+            notes.append(f"{name} is a plugin: {plugin.describe()}")
         caps = capabilities(name)
         table.add_row(
             name, role(name), yes[caps.acts_while_full], yes[caps.preempts], summary(name)
         )
     out.print(table)
+    for line in notes:
+        out.print(f"note: {line}", markup=False, highlight=False)
 
 
 @presets_app.command("list")

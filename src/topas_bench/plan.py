@@ -20,6 +20,7 @@ from topas_bench.results import RunIdentity, read_meta, reusable
 from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.sim.config import SimConfig, SimOptions
 from topas_bench.runners.sim.cost import Preset
+from topas_bench.schedulers.registry import source
 from topas_bench.spec import EngineOptions, RunSpec
 from topas_bench.workloads.lengths import identity_params
 from topas_bench.workloads.model import Workload
@@ -67,7 +68,8 @@ class RunPlan:
         """The identity of `scheduler`'s cell: the run's inputs, the engine and its version,
         and what the engine adds (`EngineOptions.engine_params`: simulator settings that
         differ from their defaults, a real server's model and arguments; a cluster's setting).
-        A real server sizes its own KV pool when no budget is given: its cells record 0."""
+        A real server sizes its own KV pool when no budget is given: its cells record 0. A
+        plugin scheduler's cells also record its distribution and version."""
         engine_params = self.options.engine_params(self.sim)
         if self.cluster is not None:
             engine_params.update(self.cluster.engine_params())
@@ -85,6 +87,7 @@ class RunPlan:
             workload_params=self.identity_workload_params,
             scheduler_params=dict(self.scheduler_params.get(scheduler, {})),
             engine_params=engine_params,
+            scheduler_source=source(scheduler),
         )
 
 

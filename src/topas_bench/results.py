@@ -74,11 +74,17 @@ class RunIdentity:
     workload_params: Mapping[str, Any] = field(default_factory=dict)
     scheduler_params: Mapping[str, Any] = field(default_factory=dict)
     engine_params: Mapping[str, Any] = field(default_factory=dict)
+    #: A plugin scheduler's distribution and version (`schedulers.plugins`): a changed plugin's
+    #: cells are never reused as the old one's. Empty for a built-in, and then left out of the
+    #: JSON, so built-in identities (and their digests) are what they were before plugins.
+    scheduler_source: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("workload_params", "scheduler_params", "engine_params"):
+        for k in ("workload_params", "scheduler_params", "engine_params", "scheduler_source"):
             d[k] = dict(sorted(d[k].items()))
+        if not d["scheduler_source"]:
+            del d["scheduler_source"]
         return d
 
     @property

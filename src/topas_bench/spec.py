@@ -19,6 +19,7 @@ from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.sglang.options import SglangOptions
 from topas_bench.runners.sglang_cpu.options import ReferenceOptions
 from topas_bench.runners.sim.config import SimOptions
+from topas_bench.schedulers.plugins import GROUP as PLUGIN_GROUP
 from topas_bench.schedulers.registry import (
     ABLATIONS,
     BASELINES,
@@ -52,14 +53,23 @@ def parse_schedulers(spec: str) -> tuple[str, ...]:
     """Comma-separated scheduler names and groups (`paper` = the paper's five baselines +
     topas, `peers` = the schedulers the paper left out, `all` = both, `baselines`, `sglang` =
     stock SGLang's policies, `ablations`, `peers-2026` = the agent-aware schedulers of
-    2025-26, `everything` = every registered policy), e.g. `paper,topas-base`."""
+    2025-26, `everything` = every built-in policy, `plugins` = the schedulers installed
+    packages declare, `schedulers.plugins`), e.g. `paper,topas-base`. No group but `plugins`
+    takes a plugin: what is installed never changes what a committed sweep's group runs."""
     names: list[str] = []
     explicit: set[str] = set()
     for item in (n.strip() for n in spec.split(",")):
         if not item:
             continue
         if item == "everything":
-            names += SCHEDULERS.names()
+            names += SCHEDULERS.builtin_names()
+        elif item == "plugins":
+            if not SCHEDULERS.plugin_names():
+                raise TopasError(
+                    f"--scheduler plugins: no installed package declares a scheduler (entry-point "
+                    f"group {PLUGIN_GROUP})"
+                )
+            names += SCHEDULERS.plugin_names()
         elif item in GROUPS:
             names += GROUPS[item]
         else:

@@ -34,7 +34,7 @@ from topas_bench.results import TABLES, CellError, RunIdentity, is_hidden, load_
 from topas_bench.workloads import lengths
 
 #: Identity fields that vary within a group, i.e. are not part of the group key.
-WITHIN_GROUP = ("scheduler", "scheduler_params", "seed")
+WITHIN_GROUP = ("scheduler", "scheduler_params", "scheduler_source", "seed")
 LENGTH_KEYS = (lengths.MODE, lengths.CAP)
 
 

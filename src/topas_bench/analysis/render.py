@@ -183,12 +183,17 @@ def protocol_markdown(rep: Report) -> list[str]:
 
 def powers(name: str) -> str:
     """A scheduler's declared capabilities (`registry.capabilities`): ``no / no`` for one that
-    only orders the queue where SGLang asks any policy."""
+    only orders the queue where SGLang asks any policy; ``?`` for one not installed here, or a
+    plugin that cannot be loaded (a report reads files: it needs no scheduler to run)."""
+    from topas_bench.errors import TopasError
     from topas_bench.schedulers.registry import SCHEDULERS, capabilities
 
-    if name not in SCHEDULERS.names():
+    try:
+        c = capabilities(name) if name in SCHEDULERS.names() else None
+    except TopasError:
+        c = None
+    if c is None:
         return "?"
-    c = capabilities(name)
     return f"{'yes' if c.acts_while_full else 'no'} / {'yes' if c.preempts else 'no'}"
 
 

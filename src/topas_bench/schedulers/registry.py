@@ -1,14 +1,16 @@
 """The scheduler registry: name -> what builds the policy (a policy class, or a row of SGLang's
-stock table, `sglang_stock.STOCK`). Adding a policy = one file + one line here."""
+stock table, `sglang_stock.STOCK`). Adding a policy = one file + one line here; a policy from
+another package = an entry point in group `topas_bench.schedulers` (`schedulers.plugins`)."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from topas_bench.errors import TopasError
+from topas_bench.errors import TopasError, UnknownNameError
 from topas_bench.registry import Registry
+from topas_bench.schedulers import plugins
 from topas_bench.schedulers.astraea import Astraea, AstraeaOracle
 from topas_bench.schedulers.autellix import Autellix
 from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown, sim_only_error
@@ -40,7 +42,48 @@ from topas_bench.schedulers.topas import (
 #: A policy class, or a `StockRow`: called with a scheduler's parameters, a fresh policy.
 PolicyFactory = Callable[..., Policy]
 
-SCHEDULERS: Registry[PolicyFactory] = Registry("scheduler")
+
+class SchedulerRegistry(Registry[PolicyFactory]):
+    """The built-in schedulers, then the installed plugins' (`schedulers.plugins`), found when
+    a name is first looked up or listed. A plugin's name never shadows a built-in's: the
+    clash is refused (`plugins.discovered`)."""
+
+    def builtin_names(self) -> list[str]:
+        """The built-in schedulers alone: what the groups (`everything` too) are made of, so
+        that what is installed never changes what a committed sweep runs."""
+        return list(self._items)
+
+    def plugin(self, name: str) -> plugins.Plugin | None:
+        """The installed plugin of that name, or None (a built-in, or unknown)."""
+        found = plugins.discovered(frozenset(self._items))
+        return None if name in self._items else found.get(name)
+
+    def get(self, name: str) -> PolicyFactory:
+        plugin = self.plugin(name)
+        if plugin is not None:
+            return plugins.load(plugin)  # imported here, at first use
+        if name not in self._items:
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; known: {', '.join(self)}")
+        return self._items[name]
+
+    def plugin_names(self) -> list[str]:
+        """The installed plugins' schedulers (the group `plugins`)."""
+        return plugins.names(self._items)
+
+    def names(self) -> list[str]:
+        return [*self._items, *self.plugin_names()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items or name in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+
+SCHEDULERS = SchedulerRegistry("scheduler")
 SCHEDULERS.add("fcfs", FCFS)
 SCHEDULERS.add("lpm", LPM)
 SCHEDULERS.add("spf", SPF)
@@ -98,7 +141,8 @@ def make_policy(name: str, **params: Any) -> Policy:
     signature = inspect.signature(factory).parameters.values()
     if not any(p.kind is p.VAR_KEYWORD for p in signature):  # else the factory checks **params
         reject_unknown(name, params, [p.name for p in signature])
-    return factory(**params)
+    plugin = SCHEDULERS.plugin(name)
+    return factory(**params) if plugin is None else plugins.build(plugin, params)
 
 
 def summary(name: str) -> str:
@@ -111,31 +155,49 @@ def summary(name: str) -> str:
 
 def role(name: str) -> str:
     """The group `topas-bench schedulers list` shows: `paper` (a baseline or `topas`),
-    `ablation`, `peer`, or "" (registered, in no group)."""
+    `ablation`, `peer`, `plugin` (from another package), or "" (registered, in no group)."""
     if name in BASELINES or name == "topas":
         return "paper"
-    return "ablation" if name in ABLATIONS else "peer" if name in (*PEERS, *PEERS_2026) else ""
+    if name in ABLATIONS:
+        return "ablation"
+    if name in (*PEERS, *PEERS_2026):
+        return "peer"
+    return "plugin" if SCHEDULERS.plugin(name) is not None else ""
 
 
-def capabilities(name: str) -> Capabilities:
-    """What a registered scheduler may do beyond ordering the queue (`base.Capabilities`): a
-    fact of its class, or of `Stock` for a row of SGLang's stock table."""
+def policy_class(name: str) -> type[Policy]:
+    """The class of the policies `name` builds: its registered class, `Stock` for a row of
+    SGLang's stock table, a plugin's class (or the class its factory builds)."""
+    plugin = SCHEDULERS.plugin(name)
+    if plugin is not None:
+        return plugins.policy_class(plugin)
     factory = SCHEDULERS.get(name)
     cls = Stock if isinstance(factory, StockRow) else factory
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise TypeError(f"scheduler {name!r} is registered as {factory!r}, not a policy class")
-    return cls.capabilities
+    return cls
+
+
+def capabilities(name: str) -> Capabilities:
+    """What a registered scheduler may do beyond ordering the queue (`base.Capabilities`): a
+    fact of its class (`policy_class`)."""
+    return policy_class(name).capabilities
 
 
 def refuse_sim_only(schedulers: tuple[str, ...], engine: str) -> None:
     """`TopasError` naming the first of `schedulers` that needs what only the simulator has
     (`sim_only_error`)."""
     for name in schedulers:
-        factory = SCHEDULERS.get(name)
-        if isinstance(factory, type) and issubclass(factory, Policy):
-            error = sim_only_error(factory, name, engine)
-            if error is not None:
-                raise TopasError(error)
+        error = sim_only_error(policy_class(name), name, engine)
+        if error is not None:
+            raise TopasError(error)
+
+
+def source(name: str) -> dict[str, str]:
+    """What a cell's identity records of where the scheduler comes from: a plugin's
+    distribution and version; nothing for a built-in (whose identities stay as they were)."""
+    plugin = SCHEDULERS.plugin(name)
+    return {} if plugin is None else plugin.source
 
 
 def is_policy_class(name: str, base: type[Policy]) -> bool:

@@ -106,13 +106,15 @@ INERT: dict[str, tuple[str, ...]] = {
     "topas-no-aging": ("rho", "h_age_mult"),
 }
 #: TOPAS's ablations and variants (registered subclasses of `Topas`).
-TOPAS_VARIANTS = tuple(n for n in SCHEDULERS.names() if n != "topas" and is_policy_class(n, Topas))
+TOPAS_VARIANTS = tuple(
+    n for n in SCHEDULERS.builtin_names() if n != "topas" and is_policy_class(n, Topas)
+)
 for _name in TOPAS_VARIANTS:  # TOPAS's grid on what each variant accepts and reads
     _accepts = make_policy(_name).params
     GRIDS[_name] = {
         k: v for k, v in TOPAS_GRID.items() if k in _accepts and k not in INERT.get(_name, ())
     }
-GRIDS = {n: GRIDS[n] for n in SCHEDULERS.names() if n in GRIDS}  # in the registry's order
+GRIDS = {n: GRIDS[n] for n in SCHEDULERS.builtin_names() if n in GRIDS}  # the registry's order
 
 #: The most combinations `size` enumerates (TOPAS's grid has 983,040).
 ENUMERATE_UP_TO = 10_000
