@@ -261,7 +261,8 @@ def test_the_tutorial_shows_the_example_package_as_it_is() -> None:
 def test_the_example_package_installs_lists_runs_and_sweeps(tmp_path: Path) -> None:
     """pip installs examples/scheduler-plugin into a directory (the project's environment is
     left as it is); `topas-bench` with that directory on PYTHONPATH lists it, runs it beside
-    TOPAS and sweeps it, its cells recording the distribution's version."""
+    TOPAS, sweeps it (its cells recording the distribution's version) and shows it on the
+    site."""
     target, work = tmp_path / "site", tmp_path / "src"
     # a copy: the build writes build/ and *.egg-info beside the sources
     subprocess.run(["cp", "-r", str(EXAMPLE), str(work)], check=True)
@@ -301,6 +302,10 @@ def test_the_example_package_installs_lists_runs_and_sweeps(tmp_path: Path) -> N
     swept = topas("sweep", "-c", sweep)
     for name in ("busiest-agent", "topas"):
         assert list((tmp_path / "swept" / "chain3" / name).iterdir()), swept
+    # the site of the sweep ranks it beside TOPAS on the leaderboard
+    topas("site", tmp_path / "swept", "--out", tmp_path / "swept-site")
+    index = (tmp_path / "swept-site" / "index.html").read_text()
+    assert '<tr data-s="busiest-agent"' in index and '<tr data-s="topas"' in index
 
 
 def test_a_report_needs_no_plugin_to_load(install: Install) -> None:
