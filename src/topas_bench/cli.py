@@ -20,11 +20,13 @@ from topas_bench.cli_common import (
     out,
     parse_assignments,
 )
+from topas_bench.cli_help import ReflowGroup
 from topas_bench.cli_history import history_app
 from topas_bench.recorder.cli import trace_app
 from topas_bench.runners.sglang import cli as sglang_cli
 
 app = typer.Typer(
+    cls=ReflowGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
