@@ -202,7 +202,7 @@ def workloads_validate(
 @schedulers_app.command("list")
 @handles_errors
 def schedulers_list() -> None:
-    """List the registered schedulers: group, capabilities, description.
+    """List the registered schedulers: group, capabilities, description (in full, wrapped).
 
     "acts while full": asked, and may act, while the batch is full (SGLang's `batch_is_full`);
     "preempts": may retract running requests by its own decision (docs/schedulers.md).
@@ -211,16 +211,23 @@ def schedulers_list() -> None:
     """
     from rich.table import Table
 
-    from topas_bench.schedulers.registry import SCHEDULERS, capabilities, role, summary
+    from topas_bench.schedulers.registry import (
+        SCHEDULERS,
+        UNGROUPED,
+        capabilities,
+        role,
+        summary,
+    )
 
     table = Table(title="schedulers (docs/schedulers.md)", title_justify="left")
     for column in ("name", "group", "acts while full", "preempts", "description"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     yes = ("no", "yes")
     for name in SCHEDULERS:
         caps = capabilities(name)
+        why = f" In no group: {UNGROUPED[name]}." if name in UNGROUPED else ""
         table.add_row(
-            name, role(name), yes[caps.acts_while_full], yes[caps.preempts], summary(name)
+            name, role(name), yes[caps.acts_while_full], yes[caps.preempts], summary(name) + why
         )
     out.print(table)
 
