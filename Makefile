@@ -28,8 +28,8 @@ $(VENV)/.installed-figures: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(BIN)/topas-bench run $(RUN_ARGS)
 	@echo
-	@echo "topas-bench is installed in $(VENV), not on your PATH. Call it as $(BIN)/topas-bench --help,"
-	@echo "or activate the venv first:  . $(BIN)/activate  then  topas-bench --help"
+	@echo "Installed in $(VENV), not on your PATH: call $(BIN)/topas-bench --help, or activate the"
+	@echo "venv first (. $(BIN)/activate) and call topas-bench --help."
 
 ## test: ruff, mypy and the whole pytest suite (slow tests included)
 test: lint typecheck pytest

@@ -35,8 +35,8 @@ def test_make_run_prints_the_table_then_how_to_call_topas_bench(tmp_path: Path) 
     out = make("-o", f"{VENV}/.installed", "run", f"VENV={VENV}", f"RUN_ARGS={args}")
     assert "mean JCT" in out  # what .ci/run looks for
     tail = out.rstrip().splitlines()[-2:]
-    assert f"Call it as {VENV}/bin/topas-bench --help" in tail[0]
-    assert f". {VENV}/bin/activate  then  topas-bench --help" in tail[1]
+    assert f"call {VENV}/bin/topas-bench --help" in tail[0]
+    assert f"(. {VENV}/bin/activate) and call topas-bench --help." in tail[1]
 
 
 @pytest.mark.parametrize("target", ["figures", "reference", "nightly", "nightly-history"])
