@@ -1,4 +1,4 @@
-"""`trace import`: recorded MetaGPT call traces (tests/data/metagpt, copies of ../shared/metagpt)
+"""`trace import`: recorded MetaGPT call traces (tests/data/metagpt: docs/metagpt-facts.md)
 become validated workloads with the recorded DAG and shared prefixes."""
 
 from __future__ import annotations
