@@ -16,11 +16,20 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml requirements/constraints.txt
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) -e '.[dev,figures,ray,client,tune]'
+	touch $@ $(VENV)/.installed-figures
+
+# the `figures` extra alone (matplotlib, Jinja2, ...): what drawing figures and the site needs
+$(VENV)/.installed-figures: $(VENV)/.installed
+	$(PIP) -e '.[figures]'
 	touch $@
 
-## run: the main job: every scheduler on metagpt-tl in the simulator, then the JCT table
+## run: the main job: every scheduler on metagpt-tl in the simulator, then the JCT table, then
+## how to call topas-bench yourself (it is installed in .venv, not on PATH)
 run: $(VENV)/.installed
 	$(BIN)/topas-bench run $(RUN_ARGS)
+	@echo
+	@echo "Installed in $(VENV), not on your PATH: call $(BIN)/topas-bench --help, or activate the"
+	@echo "venv first (. $(BIN)/activate) and call topas-bench --help."
 
 ## test: ruff, mypy and the whole pytest suite (slow tests included)
 test: lint typecheck pytest
@@ -46,7 +55,7 @@ bench: $(VENV)/.installed-dev
 ## figures: results/report.md from the committed results/reference/, then the static site of
 ## results/ (the report directories and the reference, ordered by results/site.toml) in
 ## results/site/: from committed files only, so a clean clone rebuilds the committed site exactly
-figures: $(VENV)/.installed-dev
+figures: $(VENV)/.installed-figures
 	$(BIN)/topas-bench report results/reference --out results --quiet --no-site-data
 	$(BIN)/topas-bench site results --out results/site
 
@@ -63,7 +72,7 @@ browser:
 .PHONY: browser
 
 ## reference: rerun the reference sweep (results/reference.toml) from scratch, then `figures`
-reference: $(VENV)/.installed-dev
+reference: $(VENV)/.installed-figures
 	rm -rf results/reference
 	$(BIN)/topas-bench sweep --config results/reference.toml --out results/reference --compact
 	$(MAKE) figures
@@ -72,7 +81,7 @@ reference: $(VENV)/.installed-dev
 ## (TOLERANCE: `noise`, the seed-to-seed noise both trees measured, or a relative margin)
 NIGHTLY_OUT ?= runs/nightly
 TOLERANCE   ?= noise
-nightly: $(VENV)/.installed-dev
+nightly: $(VENV)/.installed-figures
 	mkdir -p $(NIGHTLY_OUT) && cp results/reference/capacity.json $(NIGHTLY_OUT)/
 	$(BIN)/topas-bench sweep --config results/reference.toml --out $(NIGHTLY_OUT)
 	$(BIN)/topas-bench report $(NIGHTLY_OUT) --quiet
@@ -84,7 +93,7 @@ nightly: $(VENV)/.installed-dev
 ## beyond the noise since last time
 HISTORY  ?= runs/history
 REVISION ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-nightly-history: $(VENV)/.installed-dev
+nightly-history: $(VENV)/.installed-figures
 	$(BIN)/topas-bench history append $(NIGHTLY_OUT) --history $(HISTORY)/series --revision $(REVISION)
 	$(BIN)/topas-bench history plot $(HISTORY)/series --out $(HISTORY)/trend
 	$(BIN)/topas-bench site $(NIGHTLY_OUT) --history $(HISTORY)/series --out $(NIGHTLY_OUT)/site

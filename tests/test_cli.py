@@ -25,6 +25,7 @@ from topas_bench.schedulers.registry import (
     PEERS_2026,
     SCHEDULERS,
     SGLANG_STOCK,
+    UNGROUPED,
     capabilities,
 )
 from topas_bench.spec import GROUPS
@@ -484,19 +485,27 @@ def test_workloads_validate_lists_every_problem(tmp_path: Path) -> None:
 
 # -- schedulers and presets ----------------------------------------------------------------------
 def test_schedulers_list() -> None:
-    out = text(ok("schedulers", "list"))
+    result = ok("schedulers", "list")
+    out = text(result)
     group = {n: "paper" for n in (*BASELINES, "topas")} | {n: "peer" for n in PEERS + PEERS_2026}
-    group |= {n: "ablation" for n in ABLATIONS}
+    group |= {n: "ablation" for n in ABLATIONS} | {n: "by name" for n in UNGROUPED}
+    assert set(group) == set(SCHEDULERS.names())  # every scheduler has a group, or says why not
     yes = ("no", "yes")
     for name in SCHEDULERS.names():
         caps = capabilities(name)
         cells = (name, group.get(name, ""), yes[caps.acts_while_full], yes[caps.preempts])
         row = "│ " + " │ ".join(cells) + " │"
-        assert " ".join(row.split()) in out  # as `text` collapses an empty group's cell
+        assert " ".join(row.split()) in out
     assert "│ fcfs │ paper │ no │ no │ First come, first served: the queue as it stands" in out
     assert "│ kvflow │ peer │ no │ no │ FCFS admission; eviction by steps-to-execution" in out
     assert "│ topas │ paper │ yes │ yes │ TOPAS: joint prefix residency" in out
     assert "│ topas-no-preempt │ ablation │ no │ no │ TOPAS asked only where" in out
+    # whole descriptions, wrapped in their cell (the first docstring line stopped at "R'")
+    rows = [x.split("│") for x in ANSI.sub("", result.stdout).splitlines() if "│" in x]
+    desc = " ".join(" ".join(x[-2].split()) for x in rows)
+    assert "(ablation: the joint choice off; R' is still chosen and pinned)." in desc
+    for name, why in UNGROUPED.items():
+        assert f"In no group: {why}." in desc, name
 
 
 def test_presets_list() -> None:

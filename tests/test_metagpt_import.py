@@ -1,4 +1,4 @@
-"""`trace import`: recorded MetaGPT call traces (tests/data/metagpt, copies of ../shared/metagpt)
+"""`trace import`: recorded MetaGPT call traces (tests/data/metagpt: docs/metagpt-facts.md)
 become validated workloads with the recorded DAG and shared prefixes."""
 
 from __future__ import annotations
@@ -242,6 +242,23 @@ def test_cli_trace_import(tmp_path: Path) -> None:
     assert len(w.tasks) == 3 and w.generator == "trace-import"
     res = CliRunner().invoke(app, ["workloads", "validate", str(out)])
     assert res.exit_code == 0 and "valid: 3 tasks, 48 calls" in res.output
+
+
+@pytest.mark.parametrize(
+    ("name", "written"),
+    [("calls.jsonl", "calls.workload.jsonl"), ("calls.txt", "calls.txt.workload.jsonl")],
+)
+def test_cli_trace_import_names_its_output_as_the_docs_say(
+    tmp_path: Path, name: str, written: str
+) -> None:
+    """README and --help: `.jsonl` replaced by `.workload.jsonl`, else that appended."""
+    src = tmp_path / name
+    src.write_text((DATA / "sop-2048-offline.jsonl").read_text())
+    res = CliRunner().invoke(app, ["trace", "import", str(src)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, written])
+    helptext = " ".join(CliRunner().invoke(app, ["trace", "import", "--help"]).output.split())
+    assert "calls.jsonl -> calls.workload.jsonl" in helptext.replace("│ ", "")
 
 
 def test_cli_trace_import_writes_beside_its_input_and_says_where(

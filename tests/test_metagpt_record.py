@@ -61,7 +61,7 @@ def test_record_real_metagpt_sop(
         *per_file, *per_file,
     ]  # fmt: skip
     assert {c["tokenizer"] for c in calls} == {"cl100k_base"}
-    # FACTS.md's system lines (cl100k_base)
+    # docs/metagpt-facts.md's system lines (cl100k_base)
     assert [c["system_tokens"] for c in calls[:4]] == [41, 47, 50, 49]
     deps = [c["depends_on"] for c in calls]
     assert deps[:4] == [[], [0], [1], [1, 2]]  # PRD -> design -> tasks -> code(design, tasks)

@@ -183,6 +183,18 @@ def test_empty_or_missing_tree(tmp_path: Path) -> None:
         collect(tmp_path)
 
 
+def test_report_prints_the_markdown_unwrapped(tree: Path, tmp_path: Path) -> None:
+    """Piped, the printed report is report.md as written: no table row broken at the console's
+    width (rich wrapped every line at 160 columns when stdout was not a terminal)."""
+    result = CliRunner().invoke(app, ["report", str(tree), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report.md").read_text()
+    assert max(len(x) for x in md.splitlines()) > 160  # long enough that a wrap would show
+    assert md.strip() in result.stdout
+    rows = [x for x in result.stdout.splitlines() if x.startswith("|")]
+    assert rows and all(x.endswith("|") for x in rows)
+
+
 def test_report_and_figures_cli(tree: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["report", str(tree), "--out", str(tmp_path)])

@@ -508,10 +508,11 @@ def test_every_scheduler_runs_every_workload(scheduler: str, workload: str, tmp_
 
 @pytest.mark.parametrize("name", SCHEDULERS.names())
 def test_every_scheduler_describes_itself(name: str) -> None:
-    """`topas-bench schedulers list` shows the first docstring line of each class, a stock
-    row's summary."""
+    """`topas-bench schedulers list` shows the first docstring paragraph of each class, on one
+    line, a stock row's summary: whole sentences."""
     factory = SCHEDULERS.get(name)
     own = factory.summary if isinstance(factory, StockRow) else factory.__dict__.get("__doc__")
     doc = (own or "").strip()
     assert doc.endswith(".") and len(doc) > 20
-    assert summary(name) == doc.splitlines()[0]
+    first = doc.split("\n\n")[0]
+    assert summary(name) == " ".join(first.split()) and summary(name).endswith(".")

@@ -20,11 +20,13 @@ from topas_bench.cli_common import (
     out,
     parse_assignments,
 )
+from topas_bench.cli_help import ReflowGroup
 from topas_bench.cli_history import history_app
 from topas_bench.recorder.cli import trace_app
 from topas_bench.runners.sglang import cli as sglang_cli
 
 app = typer.Typer(
+    cls=ReflowGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -201,7 +203,7 @@ def workloads_validate(
 @handles_errors
 def schedulers_list() -> None:
     """List the registered schedulers (built-in, then installed plugins): group, capabilities,
-    description.
+    description (in full, wrapped).
 
     "acts while full": asked, and may act, while the batch is full (SGLang's `batch_is_full`);
     "preempts": may retract running requests by its own decision (docs/schedulers.md).
@@ -211,11 +213,17 @@ def schedulers_list() -> None:
     from rich.table import Table
 
     from topas_bench.schedulers.plugins import note
-    from topas_bench.schedulers.registry import SCHEDULERS, capabilities, role, summary
+    from topas_bench.schedulers.registry import (
+        SCHEDULERS,
+        UNGROUPED,
+        capabilities,
+        role,
+        summary,
+    )
 
     table = Table(title="schedulers (docs/schedulers.md)", title_justify="left")
     for column in ("name", "group", "acts while full", "preempts", "description"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     yes = ("no", "yes")
     notes = []
     for name in SCHEDULERS:
@@ -228,8 +236,9 @@ def schedulers_list() -> None:
         if plugin is not None:
             notes.append(f"{name} is a plugin: {plugin.describe()}")
         caps = capabilities(name)
+        why = f" In no group: {UNGROUPED[name]}." if name in UNGROUPED else ""
         table.add_row(
-            name, role(name), yes[caps.acts_while_full], yes[caps.preempts], summary(name)
+            name, role(name), yes[caps.acts_while_full], yes[caps.preempts], summary(name) + why
         )
     out.print(table)
     for line in notes:

@@ -139,7 +139,7 @@ def report(
     if site_data:
         files += write_compact(coll, rep.rows, target)
     if not quiet:
-        out.print(to_markdown(rep), markup=False)
+        out.print(to_markdown(rep), markup=False, soft_wrap=True)  # piped: lines whole
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
 
 
@@ -159,7 +159,7 @@ def figures(
     """Draw JCT CDFs, mean/p99 bars, JCT against load, a prefix-residency and KV timeline, and
     ablation bars (PNG and SVG).
 
-    Example: topas-bench figures results/reference --out results/figures
+    Example: topas-bench figures results/reference --out runs/figures
     """
     from topas_bench.analysis.figures import write_figures
 

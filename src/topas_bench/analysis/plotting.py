@@ -39,7 +39,8 @@ def pyplot() -> Any:
         sns = importlib.import_module("seaborn")  # untyped; imported only for figures
     except ImportError:
         raise TopasError(
-            "figures need matplotlib and seaborn: pip install 'topas-bench[figures]'"
+            "figures need matplotlib and seaborn, the `figures` extra: in the checkout, "
+            "`.venv/bin/pip install -e '.[figures]'` (`make figures` installs it)"
         ) from None
     sns.set_theme(style="whitegrid", context="notebook")
     plt.rcParams.update({"svg.hashsalt": "topas-bench", "svg.fonttype": "none",

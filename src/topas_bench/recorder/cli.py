@@ -30,7 +30,9 @@ trace_app = typer.Typer(
 
 
 def _default_out(path: Path) -> Path:
-    """`<FILE>.workload.jsonl` beside FILE (never silently into the current directory)."""
+    """Beside FILE (never silently into the current directory), its `.jsonl` ending replaced by
+    `.workload.jsonl` (`calls.jsonl` -> `calls.workload.jsonl`), or that appended to a name
+    without it (`calls.txt` -> `calls.txt.workload.jsonl`)."""
     return path.with_name(path.name.removesuffix(".jsonl") + ".workload.jsonl")
 
 
@@ -104,7 +106,8 @@ def trace_import(
         typer.Option(
             "--output",
             "-o",
-            help="Workload trace to write (default: <FILE>.workload.jsonl beside FILE).",
+            help="Workload trace to write (default: beside FILE, with its .jsonl ending "
+            "replaced by .workload.jsonl: calls.jsonl -> calls.workload.jsonl).",
             readable=False,
         ),
     ] = None,
@@ -138,6 +141,9 @@ def trace_import(
     ] = None,
 ) -> None:
     """Turn a recorded MetaGPT call trace into a validated workload trace.
+
+    The trace goes beside FILE unless -o: calls.jsonl -> calls.workload.jsonl. The command
+    prints where it wrote and how to run it.
 
     Examples:
       topas-bench trace import sop-2048-offline.jsonl
@@ -177,7 +183,8 @@ def trace_record(
     workload_output: Annotated[
         Path | None,
         typer.Option(
-            help="Imported workload (default: <OUTPUT>.workload.jsonl beside OUTPUT).",
+            help="Imported workload (default: beside OUTPUT, with its .jsonl ending replaced "
+            "by .workload.jsonl: calls.jsonl -> calls.workload.jsonl).",
             readable=False,
         ),
     ] = None,

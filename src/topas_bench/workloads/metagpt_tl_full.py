@@ -23,8 +23,8 @@ role's short system prompt (``X.info``: its role info) with the requirement or m
 documents enter a worker's memory as command results (Architect: the PRD; ProjectManager: the
 design; Engineer: PRD + design + task list) and written code as write_new_code's result.
 
-Memory cap. With the recorded growth the Engineer's thinks pass 19k tokens (FACTS.md), beyond the
-a100-qwen32b KV budget (18,692). MetaGPT's own remedy is ``llm.compress_type``
+Memory cap. With the recorded growth the Engineer's thinks pass 19k tokens (docs/metagpt-facts.md),
+beyond the a100-qwen32b KV budget (18,692). MetaGPT's own remedy is ``llm.compress_type``
 (``BaseLLM.compress_messages``, main): ``post_cut_by_msg`` keeps the system messages and the
 most recent messages that fit in 80% of the model's context (``TOKEN_MAX``), dropping the oldest.
 We apply exactly that to every call with ``context_tokens`` (default 18,692: the a100-qwen32b
@@ -39,8 +39,9 @@ rest is a per-call ``<task>/<stage>/sys`` segment (nothing after it is shared); 
 prompt is fixed when the role is created, so its rest is per job (``<task>/<agent>/info``);
 write_new_code's system prompt has no timestamp.
 
-Outputs: FACTS.md "Output lengths"; follow-up/end thinks and command results from the recorded
-run. Gaps (`delay_s`): 5-26 ms between roles and 2-88 ms within one role in the recorded run.
+Outputs: docs/metagpt-facts.md "Output lengths"; follow-up/end thinks and command results from the
+recorded run. Gaps (`delay_s`): 5-26 ms between roles and 2-88 ms within one role in the recorded
+run.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ _STEM = {TL: "tl", PM: "pm", ARCH: "architect", PROJ: "project_manager", ENG: "e
 
 @dataclass(frozen=True)
 class TlFullParams:
-    """System prompts: tl-system-prompt-sizes.json (``system_prompt_total``, ``role_info``,
+    """System prompts: docs/metagpt-facts.md, "MetaGPT-TL" (``system_prompt_total``, ``role_info``,
     ``tokens_before_timestamp``); the ProjectManager reuses the Architect's (see `TlParams`)."""
 
     prefix_mode: str = PREFIX_MODES[0]

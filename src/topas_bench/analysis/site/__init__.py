@@ -40,7 +40,9 @@ def _environment() -> Any:
     try:
         import jinja2
     except ImportError:
-        raise TopasError("the site needs Jinja2: pip install 'topas-bench[figures]'") from None
+        raise TopasError(
+            "the site needs Jinja2: make figures, or .venv/bin/pip install -e '.[figures]'"
+        ) from None
     return jinja2.Environment(
         loader=jinja2.PackageLoader("topas_bench.analysis.site", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
@@ -110,7 +112,9 @@ def plotly_js() -> list[tuple[Path, str]]:
     try:
         dist = metadata.distribution("plotly")
     except metadata.PackageNotFoundError:
-        raise TopasError("the site needs plotly.js: pip install 'topas-bench[figures]'") from None
+        raise TopasError(
+            "the site needs plotly.js: make figures, or .venv/bin/pip install -e '.[figures]'"
+        ) from None
     js = Path(str(dist.locate_file("plotly/package_data/plotly.min.js")))
     lic = next((Path(str(dist.locate_file(f))) for f in dist.files or []
                 if f.name.startswith("LICENSE")), None)  # fmt: skip

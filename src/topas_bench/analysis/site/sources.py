@@ -118,10 +118,13 @@ def discover(results: Path, runs: dict[str, Path], opts: Options) -> list[Source
     if is_run_tree(results):
         found = {results.resolve().name: results}
     else:
+        # RESULTS/fidelity holds fidelity.json (its own page), and may hold the cells it ran
         found = {
             d.name: d
             for d in sorted(results.iterdir())
-            if d.is_dir() and (is_run_tree(d) or (d / "report.csv").is_file())
+            if d.is_dir()
+            and not (d / "fidelity.json").is_file()
+            and (is_run_tree(d) or (d / "report.csv").is_file())
         }
     for name, path in runs.items():
         if name not in found:
