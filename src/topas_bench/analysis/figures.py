@@ -42,6 +42,7 @@ from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.curves import cdf, load_settings, regime_grids, regime_map, vs_load
 from topas_bench.analysis.plotting import (
     common_setting,
+    layout_problems,
     legend_right,
     palette_for,
     pyplot,
@@ -52,6 +53,7 @@ from topas_bench.analysis.plotting import (
 from topas_bench.analysis.regime import regime_margin, regime_markdown, regime_table
 from topas_bench.analysis.report import Report, scheduler_order
 from topas_bench.analysis.timeline import timeline_figure
+from topas_bench.errors import TopasError
 from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, SCHEDULERS
 
 MAIN = (*BASELINES, "topas")
@@ -63,13 +65,18 @@ FORMATS = ("png", "svg")
 __all__ = ["EVERY", "MAIN", "palette_for", "pyplot", "write_figures"]
 
 
-def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
-    """Every figure the tree supports, into `out`; returns the files written."""
+def write_figures(coll: Collection, rep: Report, out: Path, strict: bool = False) -> list[Path]:
+    """Every figure the tree supports, into `out`; returns the files written. `strict`: fail
+    (naming each figure and problem) where a figure is unreadable at page width
+    (`plotting.layout_problems`)."""
     plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    problems: list[str] = []
 
     def keep(fig: Any, name: str) -> None:
+        if strict:
+            problems.extend(f"{name}: {p}" for p in layout_problems(fig))
         written.extend(save(plt, fig, out, name, FORMATS))
 
     rows = rep.rows
@@ -110,6 +117,9 @@ def write_figures(coll: Collection, rep: Report, out: Path) -> list[Path]:
         keep(cluster_figure(plt, clusters, palette), "cluster_jct_vs_replicas")
         clusters.to_csv(out / "cluster.csv", index=False, float_format="%.6g")
         written.append(out / "cluster.csv")
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise TopasError("figures unreadable at page width: " + "; ".join(problems[:10]) + more)
     return written
 
 

@@ -17,15 +17,23 @@ import pandas as pd
 
 from topas_bench.errors import TopasError
 
-#: Fixed colours, so a scheduler looks the same in every figure; TOPAS stands out in red.
-COLOURS = {
-    "fcfs": "tab:gray", "lpm": "tab:orange", "spf": "tab:green", "parrot": "tab:blue",
-    "autellix": "tab:purple", "topas": "tab:red",
-}  # fmt: skip
-OTHERS = (
-    "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy", "teal", "lime",
-    "salmon", "darkgreen", "slateblue", "sienna", "orchid", "khaki", "steelblue",
-)  # fmt: skip
+#: The page budget: a figure is at most this wide (inches) and its PNG is written at `DPI`,
+#: so at most 1,600 px; no text is smaller than `MIN_FONT_PT` at that size.
+PAGE_WIDTH_IN = 8.0
+DPI = 200
+MIN_FONT_PT = 8.0
+#: The most series one panel draws; the others are named in the figure's title as left out.
+MAX_SERIES = 8
+TOPAS = "#D55E00"  # Okabe-Ito vermillion: TOPAS is the one strong warm colour in every figure
+#: Fixed colours for the paper's schedulers (Okabe & Ito's colour-blind-safe set), so each
+#: looks the same in every figure.
+COLOURS = {"topas": TOPAS, "fcfs": "#000000", "lpm": "#E69F00", "spf": "#009E73",
+           "parrot": "#0072B2", "autellix": "#CC79A7"}  # fmt: skip
+#: The rest, in this order, for the other schedulers of a panel (the rest of Okabe & Ito's set
+#: and Paul Tol's dark ones): no two of `COLOURS` + `OTHERS` are near each other.
+OTHERS = ("#56B4E9", "#882255", "#999933", "#332288", "#8C8C8C", "#B8860B")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
+LINESTYLES = ("-", "--", "-.", ":")
 
 
 def pyplot() -> Any:
@@ -48,8 +56,52 @@ def pyplot() -> Any:
 
 
 def palette_for(labels: Any) -> dict[str, Any]:
+    """A colour per scheduler: the fixed ones, the others from `OTHERS` in name order (which
+    repeat past six; `styles` gives a panel's series distinct ones)."""
     rest = sorted(s for s in labels if s not in COLOURS)
     return COLOURS | {s: OTHERS[i % len(OTHERS)] for i, s in enumerate(rest)}
+
+
+def styles(shown: Any, palette: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Colour, marker and line style per series of one panel (in `shown`'s order): each its
+    palette colour unless an earlier series has it (then the first unused colour), so no two
+    series of a panel share one; marker and line style as a second cue; TOPAS drawn thicker
+    and on top."""
+    out: dict[str, dict[str, Any]] = {}
+    used: set[str] = set()
+    spare = [c for c in (*COLOURS.values(), *OTHERS) if c != TOPAS]
+    for i, name in enumerate(shown):
+        colour = palette.get(name) or COLOURS.get(name)
+        if colour is None or colour in used:
+            colour = next((c for c in spare if c not in used), spare[i % len(spare)])
+        used.add(colour)
+        top = name == "topas"
+        out[name] = {"color": colour, "marker": "o" if top else MARKERS[1 + i % (len(MARKERS) - 1)],
+                     "linestyle": "-" if top else LINESTYLES[i % len(LINESTYLES)],
+                     "linewidth": 2.2 if top else 1.3, "zorder": 3 if top else 2}  # fmt: skip
+    return out
+
+
+def leaders(
+    rows: pd.DataFrame, col: str = "mean_jct_s", limit: int = MAX_SERIES,
+    always: tuple[str, ...] = ("topas",),
+) -> tuple[list[str], list[str]]:
+    """(shown, left out): `always` (those present), then the schedulers best on `col` (lower
+    is better), ranked by their mean over groups of `col` / the group's best, to `limit`."""
+    rel = rows[col] / rows.groupby("group")[col].transform("min")
+    score = rel.groupby(rows["scheduler"]).mean().sort_values(kind="stable")
+    names = list(dict.fromkeys(rows["scheduler"]))
+    ranked = sorted(names, key=lambda s: (float(score.get(s, math.inf)), s))
+    shown = [s for s in always if s in names]
+    shown += [s for s in ranked if s not in shown][: max(0, limit - len(shown))]
+    return [s for s in names if s in shown], [s for s in ranked if s not in shown]
+
+
+def left_out_note(left: list[str], limit: int = MAX_SERIES) -> str:
+    if not left:
+        return ""
+    return (f"at most {limit} schedulers per panel (TOPAS and the best); not drawn: "
+            f"{', '.join(left)}")  # fmt: skip
 
 
 def save(
@@ -62,7 +114,7 @@ def save(
     for ext in formats:
         path = out / f"{name}.{ext}"
         meta = {"Software": None} if ext == "png" else {"Date": None}
-        fig.savefig(path, dpi=120 if ext == "png" else 72, metadata=meta)
+        fig.savefig(path, dpi=DPI if ext == "png" else 72, metadata=meta)
         if small and ext == "png":
             from PIL import Image  # matplotlib's own dependency
 
@@ -122,3 +174,57 @@ def common_setting(rows: pd.DataFrame) -> tuple[str, dict[str, str]]:
 
 def nan(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _drawn_texts(fig: Any) -> list[Any]:
+    """Every visible, non-empty text of `fig` that a draw puts on the canvas: tick labels only
+    of the ticks inside the view (an axis keeps spare tick objects with stale labels)."""
+    from matplotlib.axis import Axis, Tick
+    from matplotlib.text import Text
+
+    spare: set[int] = set()
+    for axis in fig.findobj(Axis):
+        drawn = {id(t) for t in axis._update_ticks()}  # the ticks Axis.draw draws
+        for tick in axis.get_children():
+            if isinstance(tick, Tick) and id(tick) not in drawn:
+                spare |= {id(tick.label1), id(tick.label2)}
+    out = []
+    for t in fig.findobj(Text):
+        if id(t) in spare or not t.get_visible() or not t.get_text().strip():
+            continue
+        if t.axes is not None and not t.axes.get_visible():
+            continue
+        out.append(t)
+    return out
+
+
+def layout_problems(fig: Any, page_width_in: float = PAGE_WIDTH_IN) -> list[str]:
+    """What makes `fig` unreadable at page width, one line each ([] when nothing): wider than
+    `page_width_in`, a text under `MIN_FONT_PT`, a text (title, axis or tick label, legend
+    entry, annotation) outside the figure, or two texts whose boxes overlap by more than a
+    pixel. Boxes are axis-aligned, so texts should be horizontal or vertical. Draws `fig`."""
+    problems = []
+    width = float(fig.get_size_inches()[0])
+    if width > page_width_in + 1e-6:
+        problems.append(f"figure {width:.1f} in wide ({width * DPI:,.0f} px at {DPI} dpi) > "
+                        f"the page's {page_width_in:g} in")  # fmt: skip
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = _drawn_texts(fig)
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    names = [repr(" ".join(t.get_text().split())[:40]) for t in texts]
+    page = fig.bbox
+    for t, b, name in zip(texts, boxes, names, strict=True):
+        if t.get_fontsize() < MIN_FONT_PT - 1e-6:
+            problems.append(f"text {name} at {t.get_fontsize():g} pt < {MIN_FONT_PT:g} pt")
+        if (b.x0 < page.x0 - 1 or b.y0 < page.y0 - 1 or b.x1 > page.x1 + 1
+                or b.y1 > page.y1 + 1):  # fmt: skip
+            problems.append(f"text {name} outside the figure")
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            a, b = boxes[i], boxes[j]
+            dx = min(a.x1, b.x1) - max(a.x0, b.x0)
+            dy = min(a.y1, b.y1) - max(a.y0, b.y0)
+            if dx > 1 and dy > 1:
+                problems.append(f"text {names[i]} overlaps {names[j]}")
+    return problems
