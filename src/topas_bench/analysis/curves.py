@@ -19,7 +19,17 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.collect import Collection
-from topas_bench.analysis.plotting import engine_of, legend_right, split_label, suptitle
+from topas_bench.analysis.plotting import (
+    MAX_SERIES,
+    PAGE_WIDTH_IN,
+    engine_of,
+    leaders,
+    left_out_note,
+    legend_below,
+    split_label,
+    styles,
+    suptitle,
+)
 
 METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
 #: The most panels a CDF figure, and rows a load-curve figure, draws: a large grid (the regime
@@ -61,22 +71,24 @@ def load_settings(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 def vs_load(
     plt: Any, settings: list[tuple[str, pd.DataFrame]], palette: dict[str, Any], slo: str
 ) -> Any:
-    """One row per setting: mean JCT, p99 JCT and goodput against load (or rate); the first
-    `MAX_LOAD_ROWS` settings, the title saying how many were left out."""
+    """One row per setting (its name above it): mean JCT, p99 JCT and goodput against load (or
+    rate); the first `MAX_LOAD_ROWS` settings, the title saying how many were left out."""
     left_out = max(0, len(settings) - MAX_LOAD_ROWS)
     settings = settings[:MAX_LOAD_ROWS]
     panels = [("mean_jct_s", "mean JCT (s)"), ("p99_jct_s", "p99 JCT (s)")]
     if any(d["goodput_tps"].notna().any() for _, d in settings):
-        panels.append(("goodput_tps", "goodput (tasks/s meeting the SLO)"))
-    size = (4.2 * len(panels) + 1.6, 3.4 * len(settings) + 1.2)
-    fig, axes = plt.subplots(len(settings), len(panels), squeeze=False, figsize=size)
-    for i, (title, d) in enumerate(settings):
+        panels.append(("goodput_tps", "goodput (tasks/s)"))
+    fig = plt.figure(figsize=(PAGE_WIDTH_IN, 2.9 * len(settings) + 1.6))
+    rows = fig.subfigures(len(settings), 1, squeeze=False)[:, 0]
+    names = list(dict.fromkeys(s for _, d in settings for s in d["scheduler"]))
+    style = styles(names, palette)
+    for sub, (title, d) in zip(rows, settings, strict=True):
+        axes = sub.subplots(1, len(panels), squeeze=False)[0]
         col_x, xlabel = x_axis(d)
         xs = np.sort(d[col_x].unique())
         step = float(np.diff(xs).min()) if len(xs) > 1 else 0.1
         scheds = list(dict.fromkeys(d["scheduler"]))
-        for j, (col, label) in enumerate(panels):
-            ax = axes[i][j]
+        for ax, (col, label) in zip(axes, panels, strict=True):
             for k, (sched, s) in enumerate(d.groupby("scheduler", sort=False)):
                 s = s.sort_values(col_x)
                 # dodge each scheduler a little along x so that the intervals do not overlap
@@ -84,13 +96,14 @@ def vs_load(
                 y = s[col].to_numpy(dtype=float)
                 lo, hi = s[f"{col}_lo"].to_numpy(dtype=float), s[f"{col}_hi"].to_numpy(dtype=float)
                 yerr = np.nan_to_num(np.vstack([y - lo, hi - y]).clip(min=0))
-                ax.errorbar(x, y, yerr=yerr, marker="o", markersize=4, capsize=2, linewidth=1.3,
-                            label=sched, color=palette[str(sched)],
-                            zorder=3 if sched == "topas" else 2)  # fmt: skip
-            ax.set_title(f"{title.replace(chr(10), ': ')}\n{label}", fontsize=9)
-            ax.set(xlabel=xlabel, ylabel=label if j == 0 else "", xticks=xs)
-            ax.set_xticklabels([f"{x:.4g}" for x in xs], fontsize=8)
-    legend_right(axes[0][-1], axes[0][0])
+                ax.errorbar(x, y, yerr=yerr, markersize=4, capsize=2, label=sched,
+                            **style[str(sched)])  # fmt: skip
+            ax.set_title(label, fontsize=9)
+            ax.set_xticks(xs, [f"{x:.3g}" for x in xs], fontsize=8)
+            ax.tick_params(axis="y", labelsize=8)
+        sub.supxlabel(xlabel, fontsize=8)
+        suptitle(sub, title.replace("\n", ": "), fontsize=9)
+    legend_below(fig, [ax for sub in rows for ax in sub.axes])
     n = sorted({int(x) for _, d in settings for x in d["n_seeds"]})
     suptitle(fig, "JCT and goodput against load, one row per setting\nerror bars: 95% "
              f"percentile-bootstrap interval over {'/'.join(map(str, n))} seeds; goodput: "

@@ -42,12 +42,17 @@ from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.curves import cdf, load_settings, regime_grids, regime_map, vs_load
 from topas_bench.analysis.plotting import (
     common_setting,
+    PAGE_WIDTH_IN,
     layout_problems,
+    leaders,
+    left_out_note,
+    legend_below,
     legend_right,
     palette_for,
     pyplot,
     save,
     setting_title,
+    styles,
     suptitle,
 )
 from topas_bench.analysis.regime import regime_margin, regime_markdown, regime_table
@@ -165,56 +170,67 @@ def relative(
     plt: Any, main: pd.DataFrame, palette: dict[str, Any], rows: pd.DataFrame, against: str = ""
 ) -> Any:
     """Each scheduler's JCT over the best baseline's (`against=""`: the paper's schedulers) or
-    over the best of all (`"any_"`: every scheduler but TOPAS's ablations), one setting per
-    workload, named under the workload; `rows` (every group) names the settings left out."""
+    over the best of all (`"any_"`: every scheduler but TOPAS's ablations, at most
+    `MAX_SERIES` per workload: TOPAS, the best baseline and the leaders on mean JCT), one row
+    of panels (mean, p99) per workload with the schedulers down the side; `rows` (every
+    group) names the settings left out."""
     shown = main[main["scheduler"].isin(EVERY if against else MAIN)]
     what = "best of all" if against else "best baseline"
     workloads = list(dict.fromkeys(shown["workload"]))
-    width = max(3.4, 0.32 * shown.groupby("workload")["scheduler"].nunique().max())
-    fig, axes = plt.subplots(2, len(workloads), figsize=(max(8.0, width * len(workloads)), 7.8),
-                             squeeze=False, sharey="row")  # fmt: skip
-    shared, own = common_setting(shown)
-    for j, w in enumerate(workloads):
+    picks, dropped = {}, []
+    for w in workloads:
         d = shown[shown["workload"] == w]
-        for i, (_, m) in enumerate(METRICS):
-            ax = axes[i][j]
+        keep, left = leaders(d, always=("topas", str(d.iloc[0]["best_baseline_mean"])))
+        picks[w] = d[d["scheduler"].isin(keep)]
+        dropped += [f"{s} ({w})" if len(workloads) > 1 else s for s in left]
+    height = sum(0.32 * len(d) + 1.3 for d in picks.values()) + 1.8
+    fig, axes = plt.subplots(len(workloads), 2, figsize=(PAGE_WIDTH_IN, height), squeeze=False,
+                             height_ratios=[len(d) + 3 for d in picks.values()])  # fmt: skip
+    shared, own = common_setting(shown)
+    style = styles(list(dict.fromkeys(s for d in picks.values() for s in d["scheduler"])), palette)
+    for i, w in enumerate(workloads):
+        d = picks[w].iloc[::-1]  # the first scheduler at the top
+        label = own[str(d.iloc[0]["group"])]
+        for ax, (_, m) in zip(axes[i], METRICS, strict=True):
             y = 1.0 - d[f"reduction_{against}{m}"].to_numpy(dtype=float)
             lo = 1.0 - d[f"reduction_{against}{m}_hi"].to_numpy(dtype=float)
             hi = 1.0 - d[f"reduction_{against}{m}_lo"].to_numpy(dtype=float)
             # points, not bars: a ratio's axis need not start at zero, a bar's must
             spread = err(y, lo, hi)
-            for x, sched in enumerate(d["scheduler"]):
-                ax.errorbar([x], [y[x]], yerr=spread[:, x : x + 1], fmt="o", markersize=7,
-                            capsize=4, color=palette[sched])  # fmt: skip
-            ax.set_xticks(range(len(d)), list(d["scheduler"]))
-            ax.axhline(1.0, color="black", linewidth=0.8)
+            for k, sched in enumerate(d["scheduler"]):
+                st = style[sched]
+                ax.errorbar([y[k]], [k], xerr=spread[:, k : k + 1], fmt=st["marker"],
+                            markersize=6, capsize=3, color=st["color"])  # fmt: skip
+            ax.set_yticks(range(len(d)), list(d["scheduler"]) if m == "mean" else [])
+            ax.tick_params(labelsize=8)
+            ax.axvline(1.0, color="black", linewidth=0.8)
+            _ratio_axis(ax, hi)
             best = d.iloc[0][f"best_{against or 'baseline_'}{m}"]
-            label = own[str(d.iloc[0]["group"])]
-            head = (f"{w}\n" + (f"{label}\n" if label != "-" else "")) if i == 0 else ""
-            ax.set_title(f"{head}{m} JCT ({what}: {best})", fontsize=9)
-            ax.tick_params(axis="x", rotation=60, labelsize=8)
-            if j == 0:
-                ax.set_ylabel(f"{m} JCT / {what}'s\n(< 1: faster than the {what})")
-    for i, (_, m) in enumerate(METRICS):
-        _ratio_axis(axes[i][0], 1.0 - shown[f"reduction_{against}{m}_lo"].to_numpy(dtype=float))
-    suptitle(fig, f"JCT relative to the {what} per workload; {shared}\n{seeds_note(shown)}\n"
-             + _left_out(rows, main), fontsize=10)  # fmt: skip
+            ax.set_title(f"{m} JCT / {what}'s ({best})", fontsize=9)
+        suptitle_row = f"{w}" + (f": {label}" if label != "-" else "")
+        axes[i][0].annotate(suptitle_row, (0, 1), xycoords="axes fraction", xytext=(0, 18),
+                            textcoords="offset points", fontsize=9, fontweight="bold")  # fmt: skip
+    for ax in axes[-1]:
+        ax.set_xlabel(f"JCT / the {what}'s (< 1: faster)", fontsize=8)
+    note = left_out_note(sorted(dropped))
+    suptitle(fig, f"JCT relative to the {what} per workload; {shared}\n{seeds_note(shown)}"
+             + (f"\n{note}" if note else "") + "\n" + _left_out(rows, main), fontsize=9)  # fmt: skip
     return fig
 
 
 def _ratio_axis(ax: Any, highs: np.ndarray) -> None:
-    """A log axis when some ratio is above 3 (one slow scheduler must not flatten the rest),
-    with plain ticks."""
+    """A log x axis when some ratio is above 3 (one slow scheduler must not flatten the
+    rest), with plain ticks."""
     top = float(np.nanmax(highs)) if np.isfinite(highs).any() else 1.0
     if top <= 3:
         return
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-    ax.set_yscale("log")
-    ticks = [t for t in (0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 50) if t <= top * 1.2]
-    ax.yaxis.set_major_locator(FixedLocator(ticks))
-    ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_xscale("log")
+    ticks = [t for t in (0.5, 1, 2, 3, 5, 10, 20, 50) if t <= top * 1.2]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def ablations(rows: pd.DataFrame, main: pd.DataFrame) -> pd.DataFrame:

@@ -130,8 +130,8 @@ def save(
 
 def suptitle(fig: Any, text: str, fontsize: float = 10) -> None:
     """A figure title wrapped to the figure's width (each paragraph on its own lines)."""
-    width = fig.get_size_inches()[0]
-    chars = max(40, int(width * 72 / (0.56 * fontsize)))  # DejaVu Sans: ~0.56 em per char
+    width = fig.bbox.width / fig.dpi  # a figure's or a subfigure's
+    chars = max(30, int(width * 72 / (0.6 * fontsize)))  # DejaVu Sans: ~0.56 em per char
     lines = [textwrap.fill(p, chars) for p in text.split("\n")]
     fig.suptitle("\n".join(lines), fontsize=fontsize)
 
@@ -143,6 +143,19 @@ def legend_right(ax: Any, source: Any = None) -> None:
     if handles:
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
                   frameon=False)  # fmt: skip
+
+
+def legend_below(fig: Any, sources: Any) -> None:
+    """One legend for the whole figure, of the artists of `sources` (axes; each label once),
+    below the panels in rows of at most four entries (constrained layout makes room)."""
+    seen: dict[str, Any] = {}
+    for ax in sources:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, h)
+    handles, labels, n = list(seen.values()), list(seen), len(seen)
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(4, max(1, n)),
+                   fontsize=8, frameon=False)  # fmt: skip
 
 
 def split_label(label: str) -> list[str]:
