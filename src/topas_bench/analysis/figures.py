@@ -94,8 +94,8 @@ def write_figures(coll: Collection, rep: Report, out: Path, strict: bool = False
     if curves:
         keep(vs_load(plt, curves, palette, rep.slo.describe()), "jct_vs_load")
     abl = ablations(rows, main)
-    if not abl.empty:
-        keep(ablation_bars(plt, abl, palette), "ablation")
+    if (fig := lever_figure(plt, rep.levers, abl)) is not None:
+        keep(fig, "ablation")
     if (fig := requests_figure(plt, main, palette, rep.slo.describe())) is not None:
         keep(fig, "requests")
     for workload, groups in rows.groupby("workload", sort=False):
@@ -263,17 +263,77 @@ def grouped_bars(
 
 
 def ablation_bars(plt: Any, abl: pd.DataFrame, palette: dict[str, Any]) -> Any:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), squeeze=False)
+    """TOPAS and its ablations, mean and p99 JCT in seconds from zero (the site's until it
+    draws `lever_figure`, which needs the runs)."""
+    fig, axes = plt.subplots(2, 1, figsize=(PAGE_WIDTH_IN, 7.5), squeeze=False)
     _, own = common_setting(abl)
     d = abl.assign(cat=[f"{w}\n{own[str(g)]}" for w, g in zip(abl["workload"], abl["group"],
                                                               strict=True)])  # fmt: skip
     cats = list(dict.fromkeys(d["cat"]))
-    for ax, (col, m) in zip(axes[0], METRICS, strict=True):
+    for ax, (col, m) in zip(axes[:, 0], METRICS, strict=True):
         grouped_bars(ax, d, cats, col, palette, ci=True)
         ax.set(title=f"{m} JCT", ylabel=f"{m} JCT (s)")
-    legend_right(axes[0][1], axes[0][0])
+    legend_right(axes[0][0])
     shared, _ = common_setting(abl)
     suptitle(fig, f"TOPAS ablations (lower is better); {shared}\n{seeds_note(abl)}")
+    return fig
+
+
+def lever_figure(plt: Any, levers: pd.DataFrame, abl: pd.DataFrame) -> Any | None:
+    """What each lever is worth per workload (the protocol's `levers` table, on the groups of
+    `abl`, one per workload): TOPAS's paired margin over topas-no-X, 1 - JCT(TOPAS) /
+    JCT(without the lever), in percent with its paired bootstrap interval, mean and p99, around
+    zero (> 0: the lever helps); filled where the verdict is a win or loss. One panel per
+    workload, two to a row; None when no group has a lever."""
+    key = ["workload", "engine", "group_label"]
+    if levers.empty or abl.empty:
+        return None
+    groups = abl.drop_duplicates("group")[[*key, "group"]]
+    t = levers[levers["role"] == "ablation"].merge(groups, on=key)
+    if t.empty:
+        return None
+    workloads = list(dict.fromkeys(t["workload"]))
+    cols = min(2, len(workloads))
+    nrows = -(-len(workloads) // cols)
+    tall = max(t.groupby("workload")["other_name"].nunique())
+    fig, axes = plt.subplots(nrows, cols, squeeze=False,
+                             figsize=(PAGE_WIDTH_IN, nrows * (0.42 * tall + 1.4) + 1.8))  # fmt: skip
+    _, own = common_setting(abl)
+    marks = {"mean": ("o", "#0072B2", 0.14), "p99": ("s", "#E69F00", -0.14)}
+    for ax, w in zip(axes.flat, workloads, strict=False):
+        d = t[t["workload"] == w]
+        names = list(dict.fromkeys(d["other_name"]))[::-1]
+        for m, (marker, colour, dy) in marks.items():
+            e = d[d["metric"] == m].set_index("other_name").reindex(names)
+            y = 100 * e["margin"].to_numpy(dtype=float)
+            lo, hi = 100 * e["lo"].to_numpy(dtype=float), 100 * e["hi"].to_numpy(dtype=float)
+            spread = err(y, lo, hi)
+            for k, word in enumerate(e["verdict"]):
+                face = colour if word in ("win", "loss") else "white"
+                ax.errorbar([y[k]], [k + dy], xerr=spread[:, k : k + 1], fmt=marker,
+                            color=colour, markerfacecolor=face, markersize=6, capsize=3,
+                            label=f"{m} JCT")  # fmt: skip
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_yticks(range(len(names)), [n.removeprefix("topas-") for n in names], fontsize=8)
+        ax.set_ylim(-0.6, len(names) - 0.4)
+        right = ax.secondary_yaxis("right")
+        e = d.pivot_table(index="other_name", columns="metric", values="margin").reindex(names)
+        right.set_yticks(range(len(names)), [f"{100 * a:+.1f}% | {100 * b:+.1f}%"
+                                             for a, b in zip(e["mean"], e["p99"], strict=True)],
+                         fontsize=8)  # fmt: skip
+        right.tick_params(length=0)
+        label = own[str(d.iloc[0]["group"])]
+        ax.set_title(w + (f"\n{label}" if label != "-" else ""), fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+        ax.set_xlabel("margin (%), > 0: the lever helps", fontsize=8)
+    for ax in list(axes.flat)[len(workloads) :]:
+        ax.set_visible(False)
+    legend_below(fig, [axes.flat[0]])
+    shared, _ = common_setting(abl)
+    suptitle(fig, "What each of TOPAS's levers is worth: TOPAS against TOPAS without it "
+             "(topas-no-X), paired margin 1 - JCT(TOPAS) / JCT(without), mean | p99 on the "
+             f"right; {shared}\n{seeds_note(abl)}, paired over seeds; filled: a win or loss "
+             "after Holm's correction over the levers table, hollow: a tie", fontsize=9)  # fmt: skip
     return fig
 
 
