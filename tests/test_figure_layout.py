@@ -116,7 +116,9 @@ def test_lever_chart_draws_paired_margins(tree: Path, tmp_path: Path) -> None:
     rep = build_report(coll)
     write_figures(coll, rep, tmp_path)
     text = svg(tmp_path, "ablation")
-    lever = rep.levers[(rep.levers["other_name"] == "topas-base") & (rep.levers["metric"] == "mean")]
+    lever = rep.levers[
+        (rep.levers["other_name"] == "topas-base") & (rep.levers["metric"] == "mean")
+    ]
     assert "no-pins" in text and "base" in text and "lever helps" in text
     # topas 20 s vs topas-base 24 s mean on both seeds: the lever saves 1 - 20/24 = 16.7%
     assert lever["margin"].round(4).tolist()[0] == pytest.approx(0.1667, abs=1e-4)

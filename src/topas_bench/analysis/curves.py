@@ -20,7 +20,6 @@ import pandas as pd
 
 from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.plotting import (
-    MAX_SERIES,
     PAGE_WIDTH_IN,
     engine_of,
     leaders,
@@ -131,20 +130,21 @@ def cdf(
     plt: Any, coll: Collection, rows: pd.DataFrame, palette: dict[str, Any], shown: tuple[str, ...]
 ) -> Any:
     """The JCT CDF per scheduler, one panel per group (the first `MAX_CDF_PANELS`), two to a
-    row; at most `MAX_SERIES` schedulers of `shown` (TOPAS and the best on mean JCT over the
-    groups drawn), the others named in the title."""
+    row; in each at most `MAX_SERIES` schedulers of `shown` (TOPAS and the best on mean JCT
+    there), the others named in the title."""
     groups = list(rows.groupby("group", sort=False))
     left_out = max(0, len(groups) - MAX_CDF_PANELS)
     groups = groups[:MAX_CDF_PANELS]
-    drawn = rows[rows["group"].isin([k for k, _ in groups]) & rows["scheduler"].isin(shown)]
-    keep, dropped = leaders(drawn)
+    dropped: list[str] = []
     cols = min(2, len(groups))
     nrows = -(-len(groups) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(PAGE_WIDTH_IN, 3.6 * nrows + 1.4),
                              squeeze=False)  # fmt: skip
-    style = styles(sorted(keep, key=lambda s: (s != "topas", shown.index(s))), palette)
     identical = False
     for ax, (gkey, g) in zip(axes.flat, groups, strict=False):
+        keep, left = leaders(g[g["scheduler"].isin(shown)])
+        dropped += [s for s in left if s not in dropped]
+        style = styles(sorted(keep, key=lambda s: (s != "topas", shown.index(s))), palette)
         runs = coll.runs[(coll.runs["group"] == gkey) & coll.runs["scheduler"].isin(keep)]
         order = sorted(runs["scheduler"].unique(), key=lambda s: (s == "topas", shown.index(s)))
         arrays = {}

@@ -41,13 +41,12 @@ from topas_bench.analysis.cluster import cluster_figure, cluster_table
 from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.curves import cdf, load_settings, regime_grids, regime_map, vs_load
 from topas_bench.analysis.plotting import (
-    common_setting,
     PAGE_WIDTH_IN,
+    common_setting,
     layout_problems,
     leaders,
     left_out_note,
     legend_below,
-    legend_right,
     palette_for,
     pyplot,
     save,
@@ -213,8 +212,8 @@ def relative(
     for ax in axes[-1]:
         ax.set_xlabel(f"JCT / the {what}'s (< 1: faster)", fontsize=8)
     note = left_out_note(sorted(dropped))
-    suptitle(fig, f"JCT relative to the {what} per workload; {shared}\n{seeds_note(shown)}"
-             + (f"\n{note}" if note else "") + "\n" + _left_out(rows, main), fontsize=9)  # fmt: skip
+    text = f"JCT relative to the {what} per workload; {shared}\n{seeds_note(shown)}"
+    suptitle(fig, text + (f"\n{note}" if note else "") + "\n" + _left_out(rows, main), fontsize=9)
     return fig
 
 
@@ -249,17 +248,21 @@ def ablations(rows: pd.DataFrame, main: pd.DataFrame) -> pd.DataFrame:
 def grouped_bars(
     ax: Any, d: pd.DataFrame, cats: list[str], col: str, palette: dict[str, Any], ci: bool
 ) -> None:
-    """Bars of `col` per category (x) and scheduler (colour), from zero, with intervals."""
+    """Horizontal bars of `col` per category (down the side, the first at the top) and
+    scheduler (colour), from zero, with intervals; labels stay horizontal at any count."""
     scheds = sorted(dict.fromkeys(d["scheduler"]), key=scheduler_order)
-    width = 0.8 / max(1, len(scheds))
+    style = styles(scheds, palette)
+    height = 0.8 / max(1, len(scheds))
     for k, s in enumerate(scheds):
         e = d[d["scheduler"] == s].set_index("cat").reindex(cats)
-        y = e[col].to_numpy(dtype=float)
-        x = np.arange(len(cats)) + (k - (len(scheds) - 1) / 2) * width
-        yerr = err(y, e[f"{col}_lo"].to_numpy(), e[f"{col}_hi"].to_numpy()) if ci else None
-        ax.bar(x, y, width, yerr=yerr, capsize=2, label=s, color=palette.get(s))
-    ax.set_xticks(range(len(cats)), cats, rotation=20, fontsize=8)
-    ax.set_ylim(bottom=0)
+        x = e[col].to_numpy(dtype=float)
+        y = np.arange(len(cats)) + (k - (len(scheds) - 1) / 2) * height
+        xerr = err(x, e[f"{col}_lo"].to_numpy(), e[f"{col}_hi"].to_numpy()) if ci else None
+        ax.barh(y, x, height, xerr=xerr, capsize=2, label=s, color=style[s]["color"])
+    ax.set_yticks(range(len(cats)), cats, fontsize=8)
+    ax.set_ylim(len(cats) - 0.5, -0.5)
+    ax.set_xlim(left=0)
+    ax.tick_params(axis="x", labelsize=8)
 
 
 def ablation_bars(plt: Any, abl: pd.DataFrame, palette: dict[str, Any]) -> Any:
@@ -272,8 +275,8 @@ def ablation_bars(plt: Any, abl: pd.DataFrame, palette: dict[str, Any]) -> Any:
     cats = list(dict.fromkeys(d["cat"]))
     for ax, (col, m) in zip(axes[:, 0], METRICS, strict=True):
         grouped_bars(ax, d, cats, col, palette, ci=True)
-        ax.set(title=f"{m} JCT", ylabel=f"{m} JCT (s)")
-    legend_right(axes[0][0])
+        ax.set_xlabel(f"{m} JCT (s)", fontsize=8)
+    legend_below(fig, [axes[0][0]])
     shared, _ = common_setting(abl)
     suptitle(fig, f"TOPAS ablations (lower is better); {shared}\n{seeds_note(abl)}")
     return fig
@@ -295,9 +298,8 @@ def lever_figure(plt: Any, levers: pd.DataFrame, abl: pd.DataFrame) -> Any | Non
     workloads = list(dict.fromkeys(t["workload"]))
     cols = min(2, len(workloads))
     nrows = -(-len(workloads) // cols)
-    tall = max(t.groupby("workload")["other_name"].nunique())
-    fig, axes = plt.subplots(nrows, cols, squeeze=False,
-                             figsize=(PAGE_WIDTH_IN, nrows * (0.42 * tall + 1.4) + 1.8))  # fmt: skip
+    tall = nrows * (0.42 * max(t.groupby("workload")["other_name"].nunique()) + 1.4) + 1.8
+    fig, axes = plt.subplots(nrows, cols, squeeze=False, figsize=(PAGE_WIDTH_IN, tall))
     _, own = common_setting(abl)
     marks = {"mean": ("o", "#0072B2", 0.14), "p99": ("s", "#E69F00", -0.14)}
     for ax, w in zip(axes.flat, workloads, strict=False):
@@ -333,7 +335,8 @@ def lever_figure(plt: Any, levers: pd.DataFrame, abl: pd.DataFrame) -> Any | Non
     suptitle(fig, "What each of TOPAS's levers is worth: TOPAS against TOPAS without it "
              "(topas-no-X), paired margin 1 - JCT(TOPAS) / JCT(without), mean | p99 on the "
              f"right; {shared}\n{seeds_note(abl)}, paired over seeds; filled: a win or loss "
-             "after Holm's correction over the levers table, hollow: a tie", fontsize=9)  # fmt: skip
+             "after Holm's correction over the levers table, hollow: a tie",
+             fontsize=9)  # fmt: skip
     return fig
 
 
@@ -351,33 +354,38 @@ def requests_figure(plt: Any, main: pd.DataFrame, palette: dict[str, Any], slo: 
     if not panels:
         return None
     cats = list(dict.fromkeys(d["cat"]))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 2.2 * len(cats)), 12.5),
-                             squeeze=False)  # fmt: skip
-    for ax, (col, label, ci) in zip(axes[:, 0], panels, strict=True):
+    nrows = -(-len(panels) // 2)
+    tall = 0.13 * len(cats) * max(1, d["scheduler"].nunique()) + 1.0
+    fig, axes = plt.subplots(nrows, min(2, len(panels)), figsize=(PAGE_WIDTH_IN,
+                             nrows * tall + 2.0), squeeze=False, sharey=True)  # fmt: skip
+    for ax, (col, label, ci) in zip(axes.flat, panels, strict=False):
         scaled = d.copy()
         if col == "goodput_tps":  # per workload relative to its best scheduler: rates differ
             top = scaled.groupby("cat")[col].transform("max")
             for c in (col, f"{col}_lo", f"{col}_hi"):
                 scaled[c] = scaled[c] / top
-            label = "goodput / the best's\n(SLO: see title)"
+            label = "goodput / the best's (SLO: see title)"
         grouped_bars(ax, scaled, cats, col, palette, ci)
-        ax.set_ylabel(label)
-    legend_right(axes[0][0])
+        ax.set_xlabel(label, fontsize=8)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    legend_below(fig, [axes[0][0]])
     shared, _ = common_setting(d)
     note = seeds_note(d).replace("error bars", "error bars (p99 TTFT, goodput)")
     suptitle(fig, f"Calls and goodput per scheduler (main setting of each workload); {shared}\n"
-             f"goodput: tasks/s that met the SLO, {slo}\n{note}")  # fmt: skip
+             f"goodput: tasks/s that met the SLO, {slo}\n{note}", fontsize=9)  # fmt: skip
     return fig
 
 
 def stage_bars(plt: Any, stages: pd.DataFrame, row: pd.Series, palette: dict[str, Any]) -> Any:
     d = stages[stages["scheduler"].isin(MAIN)].assign(cat=lambda x: x["kind"])
     cats = list(dict.fromkeys(d["cat"]))
-    width = max(9.0, 0.3 * len(cats) * max(1, d["scheduler"].nunique()))
-    fig, ax = plt.subplots(figsize=(width, 4.6))
+    tall = 0.13 * len(cats) * max(1, d["scheduler"].nunique()) + 2.4
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH_IN, tall))
     grouped_bars(ax, d, cats, "mean_latency_s", palette, ci=False)
-    ax.set(ylabel="mean latency (s), send to finish", xlabel="stage kind")
-    legend_right(ax)
+    ax.set_xlabel("mean latency (s), send to finish", fontsize=8)
+    ax.set_ylabel("stage kind", fontsize=8)
+    legend_below(fig, [ax])
     suptitle(fig, f"{row['workload']}: latency per stage kind, mean over seeds "
-             f"{row['seeds']}; {setting_title(row)}")  # fmt: skip
+             f"{row['seeds']}; {setting_title(row)}", fontsize=9)  # fmt: skip
     return fig

@@ -31,7 +31,7 @@ COLOURS = {"topas": TOPAS, "fcfs": "#000000", "lpm": "#E69F00", "spf": "#009E73"
            "parrot": "#0072B2", "autellix": "#CC79A7"}  # fmt: skip
 #: The rest, in this order, for the other schedulers of a panel (the rest of Okabe & Ito's set
 #: and Paul Tol's dark ones): no two of `COLOURS` + `OTHERS` are near each other.
-OTHERS = ("#56B4E9", "#882255", "#999933", "#332288", "#8C8C8C", "#B8860B")
+OTHERS = ("#56B4E9", "#882255", "#999933", "#332288", "#8C8C8C", "#8C564B")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p")
 LINESTYLES = ("-", "--", "-.", ":")
 
@@ -51,7 +51,9 @@ def pyplot() -> Any:
         ) from None
     sns.set_theme(style="whitegrid", context="notebook")
     plt.rcParams.update({"svg.hashsalt": "topas-bench", "svg.fonttype": "none",
-                         "figure.constrained_layout.use": True})  # fmt: skip
+                         "figure.constrained_layout.use": True,
+                         # room for a tick label centred on an axis' end at the edge
+                         "figure.constrained_layout.w_pad": 0.12})  # fmt: skip
     return plt
 
 
@@ -83,7 +85,9 @@ def styles(shown: Any, palette: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def leaders(
-    rows: pd.DataFrame, col: str = "mean_jct_s", limit: int = MAX_SERIES,
+    rows: pd.DataFrame,
+    col: str = "mean_jct_s",
+    limit: int = MAX_SERIES,
     always: tuple[str, ...] = ("topas",),
 ) -> tuple[list[str], list[str]]:
     """(shown, left out): `always` (those present), then the schedulers best on `col` (lower
@@ -100,7 +104,8 @@ def leaders(
 def left_out_note(left: list[str], limit: int = MAX_SERIES) -> str:
     if not left:
         return ""
-    return (f"at most {limit} schedulers per panel (TOPAS and the best); not drawn: "
+    return (f"at most {limit} schedulers per panel (TOPAS and the best); not drawn (in some "
+            "panel or all): "
             f"{', '.join(left)}")  # fmt: skip
 
 
@@ -195,12 +200,13 @@ def _drawn_texts(fig: Any) -> list[Any]:
     from matplotlib.axis import Axis, Tick
     from matplotlib.text import Text
 
-    spare: set[int] = set()
+    drawn: set[int] = set()
     for axis in fig.findobj(Axis):
-        drawn = {id(t) for t in axis._update_ticks()}  # the ticks Axis.draw draws
-        for tick in axis.get_children():
-            if isinstance(tick, Tick) and id(tick) not in drawn:
-                spare |= {id(tick.label1), id(tick.label2)}
+        if not (axis.get_visible() and axis.axes.get_visible()):
+            continue
+        for tick in axis._update_ticks():  # the ticks Axis.draw draws
+            drawn |= {id(tick.label1), id(tick.label2)}
+    spare = {id(x) for tick in fig.findobj(Tick) for x in (tick.label1, tick.label2)} - drawn
     out = []
     for t in fig.findobj(Text):
         if id(t) in spare or not t.get_visible() or not t.get_text().strip():
