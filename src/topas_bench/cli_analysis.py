@@ -149,7 +149,7 @@ def figures(
         typer.Option(
             help="Fail where a figure is unreadable at page width (text overlaps, "
             "clipped or under 8 pt, wider than 8 in)."
-        ),  # fmt: skip
+        ),
     ] = False,
 ) -> None:
     """Draw JCT CDFs, JCT relative to the best, JCT against load, a prefix-residency and KV
