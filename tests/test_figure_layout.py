@@ -22,7 +22,7 @@ from topas_bench.analysis.plotting import (
     pyplot,
     styles,
 )
-from topas_bench.analysis.report import build_report
+from topas_bench.analysis.report import Report, build_report
 from topas_bench.errors import TopasError
 from topas_bench.schedulers.registry import BASELINES, PEERS
 
@@ -48,9 +48,16 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_every_figure_fits_the_page(tree: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def drawn(tree: Path) -> tuple[Path, list[Path], Report]:
+    """Every figure of `tree`, drawn in strict mode (which raises on a layout problem)."""
     coll = collect(tree)
-    files = write_figures(coll, build_report(coll), tmp_path, strict=True)  # raises if not
+    rep = build_report(coll)
+    return tree / "figures", write_figures(coll, rep, tree / "figures", strict=True), rep
+
+
+def test_every_figure_fits_the_page(drawn: tuple[Path, list[Path], Report]) -> None:
+    _, files, _ = drawn
     stems = {f.stem for f in files if f.suffix == ".png"}
     assert {"jct_relative", "jct_relative_all", "jct_vs_load", "ablation", "requests",
             "jct_cdf_chain3", "regime_chain3", "regime_margin_chain3",
@@ -63,10 +70,8 @@ def test_every_figure_fits_the_page(tree: Path, tmp_path: Path) -> None:
                 assert im.width <= 1_600, f.name
 
 
-def test_a_crowd_is_cut_to_the_leaders(tree: Path, tmp_path: Path) -> None:
-    coll = collect(tree)
-    write_figures(coll, build_report(coll), tmp_path)
-    text = svg(tmp_path, "jct_relative_all")
+def test_a_crowd_is_cut_to_the_leaders(drawn: tuple[Path, list[Path], Report]) -> None:
+    text = svg(drawn[0], "jct_relative_all")
     slowest = max(CROWD, key=CROWD.__getitem__)
     assert "not drawn" in text and slowest in text.split("not drawn")[1]
     drawn = text.split("not drawn")[0]
@@ -102,20 +107,21 @@ def test_layout_problems_catches_overlap_clipping_width_and_small_text() -> None
     plt.close(fig)
 
 
-def test_strict_mode_names_the_figure(tree: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_strict_mode_names_the_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import topas_bench.analysis.figures as figures
 
     monkeypatch.setattr(figures, "layout_problems", lambda fig: ["text 'x' overlaps 'y'"])
-    coll = collect(tree)
-    with pytest.raises(TopasError, match=r"jct_relative: text 'x' overlaps 'y'"):
-        write_figures(coll, build_report(coll), tmp_path, strict=True)
+    root = tmp_path / "tree"
+    for seed, jcts in enumerate(JCTS["topas"]):  # the smallest tree: two runs, one figure
+        write_one(root, "topas", seed, [float(j) for j in jcts])
+    coll = collect(root)
+    with pytest.raises(TopasError, match=r"^figures unreadable .*jct_relative: text 'x' overl"):
+        write_figures(coll, build_report(coll), tmp_path / "out", strict=True)
 
 
-def test_lever_chart_draws_paired_margins(tree: Path, tmp_path: Path) -> None:
-    coll = collect(tree)
-    rep = build_report(coll)
-    write_figures(coll, rep, tmp_path)
-    text = svg(tmp_path, "ablation")
+def test_lever_chart_draws_paired_margins(drawn: tuple[Path, list[Path], Report]) -> None:
+    out, _, rep = drawn
+    text = svg(out, "ablation")
     lever = rep.levers[
         (rep.levers["other_name"] == "topas-base") & (rep.levers["metric"] == "mean")
     ]
