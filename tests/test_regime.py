@@ -307,7 +307,7 @@ def test_heat_map_rows_are_multiples_shared_across_output_scales() -> None:
     plt = pyplot()
     fig = regime_margin(plt, pd.DataFrame(cells))
     try:
-        left, right = fig.axes[0], fig.axes[1]  # x0.5 and x2, mean JCT
+        left, right = fig.axes[0], fig.axes[2]  # x0.5 and x2 (one row each), mean JCT
         assert [t.get_text() for t in left.get_yticklabels()] == ["x0.25", "x1.00"]
         for ax, need in ((left, 386), (right, 1538)):
             texts = [t.get_text() for t in ax.texts]
