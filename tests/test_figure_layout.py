@@ -146,3 +146,23 @@ def _lab(colour: str) -> tuple[float, float, float]:
     xyz = m @ lin / np.array([0.95047, 1.0, 1.08883])
     f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
     return (116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2]))
+
+
+def test_the_nightly_trend_fits_the_page(
+    drawn: tuple[Path, list[Path], Report], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import topas_bench.analysis.plotting as plotting
+    from topas_bench.analysis.history import append, load, plot
+
+    found: list[str] = []
+    real = plotting.save
+
+    def checked(plt, fig, *args, **kwargs):  # type: ignore[no-untyped-def]
+        found.extend(layout_problems(fig))
+        return real(plt, fig, *args, **kwargs)
+
+    monkeypatch.setattr(plotting, "save", checked)
+    for night in ("2026-12-01", "2026-12-02"):  # chain3 has four settings: two rows of two
+        append(drawn[2], tmp_path / "series", night, "a1")
+    assert [f.name for f in plot(load(tmp_path / "series"), tmp_path, ("png",))] == ["chain3.png"]
+    assert found == []
