@@ -1,20 +1,25 @@
 """Figures of a results tree, each written as PNG and SVG (docs/design.md section 8). Every figure
 says its setting (load or rate, KV budget, tasks, preset, engine) and, where it shows one
-setting of several, which ones it leaves out.
+setting of several, which ones it leaves out; each fits the page (`plotting.PAGE_WIDTH_IN`, no
+text under 8 pt or overlapping another: `plotting.layout_problems`, checked with `strict`),
+and a panel draws at most `plotting.MAX_SERIES` schedulers, naming the others.
 
 - `jct_relative`: mean and p99 JCT of each scheduler divided by the best baseline's, per
   workload's main group (the one with the most schedulers, then the load nearest 0.8), with
   paired 95% bootstrap intervals over the seeds (labelled with their number);
 - `jct_relative_all`: the same for TOPAS and every scheduler that is not one of its ablations,
   divided by the best of them all (the paper's baselines and the peers), when the tree has
-  peers;
+  peers: TOPAS, the best baseline and the leaders on mean JCT;
 - `jct_vs_load`: mean and p99 JCT and goodput against load (or rate), one column per workload
   and setting (`curves`);
-- `ablation`: TOPAS and its ablations, mean and p99 JCT in seconds from zero, with intervals;
+- `ablation`: what each lever is worth (`lever_figure`): the report's levers table, TOPAS's
+  paired margin over each ablation per workload, in percent around zero with its paired
+  bootstrap interval;
 - `requests`: p99 TTFT, mean TPOT, mean queueing delay and goodput (its SLO named) per
   scheduler;
-- `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group
-  (at most `curves.MAX_CDF_PANELS`; `jct_vs_load` at most `curves.MAX_LOAD_ROWS` rows);
+- `jct_cdf_<workload>`: JCT CDF per scheduler (tasks pooled over seeds), one panel per group,
+  two to a row (at most `curves.MAX_CDF_PANELS`; `jct_vs_load` at most `curves.MAX_LOAD_ROWS`
+  rows);
   schedulers with identical JCTs share one line and one legend entry (`curves`);
 - `stage_latency_<workload>`: mean latency per stage kind and scheduler (main group);
 - `timeline_<workload>`: TOPAS against the best baselines over one run (`timeline`);
