@@ -276,7 +276,7 @@ def ablation_bars(plt: Any, abl: pd.DataFrame, palette: dict[str, Any]) -> Any:
     draws `lever_figure`, which needs the runs)."""
     fig, axes = plt.subplots(2, 1, figsize=(PAGE_WIDTH_IN, 7.5), squeeze=False)
     _, own = common_setting(abl)
-    d = abl.assign(cat=[f"{w}\n{own[str(g)]}" for w, g in zip(abl["workload"], abl["group"],
+    d = abl.assign(cat=[_cat(w, own[str(g)]) for w, g in zip(abl["workload"], abl["group"],
                                                               strict=True)])  # fmt: skip
     cats = list(dict.fromkeys(d["cat"]))
     for ax, (col, m) in zip(axes[:, 0], METRICS, strict=True):
@@ -296,7 +296,7 @@ def requests_figure(plt: Any, main: pd.DataFrame, palette: dict[str, Any], slo: 
     ]  # fmt: skip
     d = main[main["scheduler"].isin(MAIN)]
     _, own = common_setting(d)
-    d = d.assign(cat=[f"{w}\n{own[str(g)]}" for w, g in zip(d["workload"], d["group"],
+    d = d.assign(cat=[_cat(w, own[str(g)]) for w, g in zip(d["workload"], d["group"],
                                                             strict=True)])  # fmt: skip
     panels = [p for p in panels if p[0] in d and d[p[0]].notna().any()]  # older runs lack some
     if not panels:
@@ -337,3 +337,8 @@ def stage_bars(plt: Any, stages: pd.DataFrame, row: pd.Series, palette: dict[str
     suptitle(fig, f"{row['workload']}: latency per stage kind, mean over seeds "
              f"{row['seeds']}; {setting_title(row)}", fontsize=9)  # fmt: skip
     return fig
+
+
+def _cat(workload: str, own: str) -> str:
+    """A bar group's label: the workload, and its own setting where it has one."""
+    return workload if own == "-" else f"{workload}\n{own}"
