@@ -34,7 +34,7 @@ METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
 #: The most panels a CDF figure (two to a row), and rows a load-curve figure, draws: a large
 #: grid (the regime map's 225 settings per workload) would otherwise be unreadable.
 MAX_CDF_PANELS = 6
-MAX_LOAD_ROWS = 16
+MAX_LOAD_ROWS = 8
 
 
 def _without(label: str, prefixes: tuple[str, ...]) -> str:
