@@ -1,8 +1,11 @@
-"""What every figure shares: headless pyplot with the theme, fixed colours per scheduler,
-titles that wrap to the figure's width (never clipped) and say their setting, legends outside
-the data, and deterministic files (fixed SVG ids, no timestamps) so regenerated figures diff
-cleanly. Figures use matplotlib's constrained layout, which makes room for wrapped titles and
-outside legends."""
+"""What every figure shares: headless pyplot with the theme; the page budget (at most
+`PAGE_WIDTH_IN` wide at `DPI`, no text under `MIN_FONT_PT`) and its check, `layout_problems`
+(texts that overlap or leave the figure); fixed colour-blind-safe colours per scheduler, at most
+`MAX_SERIES` series a panel (`leaders`), each with its own colour, marker and line style
+(`styles`); titles that wrap to the figure's width (never clipped) and say their setting,
+legends outside the data; and deterministic files (fixed SVG ids, no timestamps) so
+regenerated figures diff cleanly. Figures use matplotlib's constrained layout, which makes room
+for wrapped titles and outside legends."""
 
 from __future__ import annotations
 
@@ -93,7 +96,7 @@ def leaders(
     """(shown, left out): `always` (those present), then the schedulers best on `col` (lower
     is better), ranked by their mean over groups of `col` / the group's best, to `limit`."""
     rel = rows[col] / rows.groupby("group")[col].transform("min")
-    score = rel.groupby(rows["scheduler"]).mean().sort_values(kind="stable")
+    score = rel.groupby(rows["scheduler"]).mean()
     names = list(dict.fromkeys(rows["scheduler"]))
     ranked = sorted(names, key=lambda s: (float(score.get(s, math.inf)), s))
     shown = [s for s in always if s in names]
@@ -104,9 +107,8 @@ def leaders(
 def left_out_note(left: list[str], limit: int = MAX_SERIES) -> str:
     if not left:
         return ""
-    return (f"at most {limit} schedulers per panel (TOPAS and the best); not drawn (in some "
-            "panel or all): "
-            f"{', '.join(left)}")  # fmt: skip
+    return (f"at most {limit} schedulers a panel (TOPAS and the best); not drawn in one or "
+            f"more: {', '.join(left)}")  # fmt: skip
 
 
 def save(
@@ -136,7 +138,7 @@ def save(
 def suptitle(fig: Any, text: str, fontsize: float = 10) -> None:
     """A figure title wrapped to the figure's width (each paragraph on its own lines)."""
     width = fig.bbox.width / fig.dpi  # a figure's or a subfigure's
-    chars = max(30, int(width * 72 / (0.6 * fontsize)))  # DejaVu Sans: ~0.56 em per char
+    chars = max(30, int(width * 72 / (0.6 * fontsize)))  # DejaVu Sans: ~0.56 em a char, and room
     lines = [textwrap.fill(p, chars) for p in text.split("\n")]
     fig.suptitle("\n".join(lines), fontsize=fontsize)
 
