@@ -162,13 +162,25 @@ def err(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def _left_out(rows: pd.DataFrame, main: pd.DataFrame) -> str:
-    """Which settings of each workload a one-group-per-workload figure does not show."""
+    """Which settings of each workload a one-group-per-workload figure does not show (named
+    up to three, else counted)."""
     notes = []
     for w, g in rows[~rows["group"].isin(set(main["group"]))].groupby("workload", sort=False):
         _, own = common_setting(rows[rows["workload"] == w])
         labels = [own[str(k)] for k in dict.fromkeys(g["group"])]
-        notes.append(f"{w}: {'; '.join(labels)}")
+        notes.append(f"{w}: " + ("; ".join(labels) if len(labels) <= 3
+                                 else f"{len(labels)} other settings"))  # fmt: skip
     return ("Not shown (other settings): " + " | ".join(notes)) if notes else ""
+
+
+def _dropped(left: dict[str, list[str]]) -> list[str]:
+    """Schedulers left out per workload, each once: with its workloads where not all."""
+    every = len(left)
+    by: dict[str, list[str]] = {}
+    for w, names in left.items():
+        for s in names:
+            by.setdefault(s, []).append(w)
+    return [s if len(ws) == every else f"{s} ({', '.join(ws)})" for s, ws in by.items()]
 
 
 def relative(
@@ -182,12 +194,11 @@ def relative(
     shown = main[main["scheduler"].isin(EVERY if against else MAIN)]
     what = "best of all" if against else "best baseline"
     workloads = list(dict.fromkeys(shown["workload"]))
-    picks, dropped = {}, []
+    picks, left = {}, {}
     for w in workloads:
         d = shown[shown["workload"] == w]
-        keep, left = leaders(d, always=("topas", str(d.iloc[0]["best_baseline_mean"])))
+        keep, left[w] = leaders(d, always=("topas", str(d.iloc[0]["best_baseline_mean"])))
         picks[w] = d[d["scheduler"].isin(keep)]
-        dropped += [f"{s} ({w})" if len(workloads) > 1 else s for s in left]
     height = sum(0.32 * len(d) + 1.3 for d in picks.values()) + 1.8
     fig, axes = plt.subplots(len(workloads), 2, figsize=(PAGE_WIDTH_IN, height), squeeze=False,
                              height_ratios=[len(d) + 3 for d in picks.values()])  # fmt: skip
@@ -217,7 +228,7 @@ def relative(
                             textcoords="offset points", fontsize=9, fontweight="bold")  # fmt: skip
     for ax in axes[-1]:
         ax.set_xlabel(f"JCT / the {what}'s (< 1: faster)", fontsize=8)
-    note = left_out_note(sorted(dropped))
+    note = left_out_note(_dropped(left))
     text = f"JCT relative to the {what} per workload; {shared}\n{seeds_note(shown)}"
     suptitle(fig, text + (f"\n{note}" if note else "") + "\n" + _left_out(rows, main), fontsize=9)
     return fig
