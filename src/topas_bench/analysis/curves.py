@@ -25,6 +25,7 @@ from topas_bench.analysis.plotting import (
     leaders,
     left_out_note,
     legend_below,
+    short,
     split_label,
     styles,
     suptitle,
@@ -95,7 +96,7 @@ def vs_load(
                 y = s[col].to_numpy(dtype=float)
                 lo, hi = s[f"{col}_lo"].to_numpy(dtype=float), s[f"{col}_hi"].to_numpy(dtype=float)
                 yerr = np.nan_to_num(np.vstack([y - lo, hi - y]).clip(min=0))
-                ax.errorbar(x, y, yerr=yerr, markersize=4, capsize=2, label=sched,
+                ax.errorbar(x, y, yerr=yerr, markersize=4, capsize=2, label=short(str(sched)),
                             **style[str(sched)])  # fmt: skip
             ax.set_title(label, fontsize=9)
             ax.set_xticks(xs, [f"{x:.3g}" for x in xs], fontsize=8)
@@ -138,7 +139,7 @@ def cdf(
     dropped: list[str] = []
     cols = min(2, len(groups))
     nrows = -(-len(groups) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(PAGE_WIDTH_IN, 3.6 * nrows + 1.4),
+    fig, axes = plt.subplots(nrows, cols, figsize=(PAGE_WIDTH_IN, 4.4 * nrows + 1.4),
                              squeeze=False)  # fmt: skip
     identical = False
     for ax, (gkey, g) in zip(axes.flat, groups, strict=False):
@@ -155,7 +156,8 @@ def cdf(
             arrays[sched] = np.sort(np.concatenate([coll.jct[p] for p in r["path"]]))
         for same in identical_groups(arrays):
             x = arrays[same[0]]
-            label = " = ".join(same) + (" (identical JCTs)" if len(same) > 1 else "")
+            label = " = ".join(short(x) for x in same)
+            label = textwrap.fill(label + (" (identical JCTs)" if len(same) > 1 else ""), 40)
             identical |= len(same) > 1
             st = style[same[0]]
             ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=label,
@@ -165,7 +167,8 @@ def cdf(
         ax.set_ylabel("fraction of tasks", fontsize=8)
         ax.tick_params(labelsize=8)
         ax.set_title(textwrap.fill(str(g.iloc[0]["group_label"]), 44), fontsize=8)
-        ax.legend(fontsize=8, loc="lower right")
+        # below the panel, outside the data (constrained layout makes room)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     for ax in list(axes.flat)[len(groups) :]:
         ax.set_visible(False)
     note = "; schedulers with identical JCTs share one line" if identical else ""

@@ -35,6 +35,7 @@ Every number comes from the report rows or the run files; nothing is recomputed 
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ from topas_bench.analysis.plotting import (
     pyplot,
     save,
     setting_title,
+    short,
     styles,
     suptitle,
 )
@@ -199,15 +201,16 @@ def relative(
         d = shown[shown["workload"] == w]
         keep, left[w] = leaders(d, always=("topas", str(d.iloc[0]["best_baseline_mean"])))
         picks[w] = d[d["scheduler"].isin(keep)]
-    height = sum(0.32 * len(d) + 1.3 for d in picks.values()) + 1.8
-    fig, axes = plt.subplots(len(workloads), 2, figsize=(PAGE_WIDTH_IN, height), squeeze=False,
-                             height_ratios=[len(d) + 3 for d in picks.values()])  # fmt: skip
+    tall = [0.3 * len(d) + 1.9 for d in picks.values()]
+    fig = plt.figure(figsize=(PAGE_WIDTH_IN, sum(tall) + 2.0))
+    subs = fig.subfigures(len(workloads), 1, squeeze=False, height_ratios=tall)[:, 0]
     shared, own = common_setting(shown)
     style = styles(list(dict.fromkeys(s for d in picks.values() for s in d["scheduler"])), palette)
-    for i, w in enumerate(workloads):
+    for sub, w in zip(subs, workloads, strict=True):
         d = picks[w].iloc[::-1]  # the first scheduler at the top
         label = own[str(d.iloc[0]["group"])]
-        for ax, (_, m) in zip(axes[i], METRICS, strict=True):
+        suptitle(sub, w + (f": {label}" if label != "-" else ""), fontsize=9)
+        for ax, (_, m) in zip(sub.subplots(1, 2), METRICS, strict=True):
             y = 1.0 - d[f"reduction_{against}{m}"].to_numpy(dtype=float)
             lo = 1.0 - d[f"reduction_{against}{m}_hi"].to_numpy(dtype=float)
             hi = 1.0 - d[f"reduction_{against}{m}_lo"].to_numpy(dtype=float)
@@ -217,17 +220,14 @@ def relative(
                 st = style[sched]
                 ax.errorbar([y[k]], [k], xerr=spread[:, k : k + 1], fmt=st["marker"],
                             markersize=6, capsize=3, color=st["color"])  # fmt: skip
-            ax.set_yticks(range(len(d)), list(d["scheduler"]) if m == "mean" else [])
+            names = [short(x) for x in d["scheduler"]]
+            ax.set_yticks(range(len(d)), names if m == "mean" else [])
             ax.tick_params(labelsize=8)
             ax.axvline(1.0, color="black", linewidth=0.8)
             _ratio_axis(ax, hi)
             best = d.iloc[0][f"best_{against or 'baseline_'}{m}"]
-            ax.set_title(f"{m} JCT / {what}'s ({best})", fontsize=9)
-        suptitle_row = f"{w}" + (f": {label}" if label != "-" else "")
-        axes[i][0].annotate(suptitle_row, (0, 1), xycoords="axes fraction", xytext=(0, 18),
-                            textcoords="offset points", fontsize=9, fontweight="bold")  # fmt: skip
-    for ax in axes[-1]:
-        ax.set_xlabel(f"JCT / the {what}'s (< 1: faster)", fontsize=8)
+            ax.set_title(f"{m} JCT / {what}'s ({short(str(best))})", fontsize=8)
+            ax.set_xlabel(f"JCT / the {what}'s (< 1: faster)", fontsize=8)
     note = left_out_note(_dropped(left))
     text = f"JCT relative to the {what} per workload; {shared}\n{seeds_note(shown)}"
     suptitle(fig, text + (f"\n{note}" if note else "") + "\n" + _left_out(rows, main), fontsize=9)
@@ -275,7 +275,7 @@ def grouped_bars(
         x = e[col].to_numpy(dtype=float)
         y = np.arange(len(cats)) + (k - (len(scheds) - 1) / 2) * height
         xerr = err(x, e[f"{col}_lo"].to_numpy(), e[f"{col}_hi"].to_numpy()) if ci else None
-        ax.barh(y, x, height, xerr=xerr, capsize=2, label=s, color=style[s]["color"])
+        ax.barh(y, x, height, xerr=xerr, capsize=2, label=short(s), color=style[s]["color"])
     ax.set_yticks(range(len(cats)), cats, fontsize=8)
     ax.set_ylim(len(cats) - 0.5, -0.5)
     ax.set_xlim(left=0)
@@ -352,4 +352,4 @@ def stage_bars(plt: Any, stages: pd.DataFrame, row: pd.Series, palette: dict[str
 
 def _cat(workload: str, own: str) -> str:
     """A bar group's label: the workload, and its own setting where it has one."""
-    return workload if own == "-" else f"{workload}\n{own}"
+    return workload if own == "-" else f"{workload}\n{textwrap.fill(own, 28)}"

@@ -67,18 +67,20 @@ def palette_for(labels: Any) -> dict[str, Any]:
     return COLOURS | {s: OTHERS[i % len(OTHERS)] for i, s in enumerate(rest)}
 
 
-def styles(shown: Any, palette: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Colour, marker and line style per series of one panel (in `shown`'s order): each its
-    palette colour unless an earlier series has it (then the first unused colour), so no two
-    series of a panel share one; marker and line style as a second cue; TOPAS drawn thicker
-    and on top."""
+def styles(shown: list[str], palette: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Colour, marker and line style per series of one panel (in `shown`'s order): the paper's
+    schedulers their fixed colours, the others their palette colour unless a series of the
+    panel has it (then the first unused one), so no two series share one; marker and line
+    style as a second cue; TOPAS drawn thicker and on top."""
     out: dict[str, dict[str, Any]] = {}
-    used: set[str] = set()
+    used = {COLOURS[n] for n in shown if n in COLOURS}  # the paper's schedulers keep theirs
     spare = [c for c in (*COLOURS.values(), *OTHERS) if c != TOPAS]
     for i, name in enumerate(shown):
-        colour = palette.get(name) or COLOURS.get(name)
-        if colour is None or colour in used:
-            colour = next((c for c in spare if c not in used), spare[i % len(spare)])
+        colour = COLOURS.get(name)
+        if colour is None:
+            colour = palette.get(name)
+            if colour is None or colour in used:
+                colour = next((c for c in spare if c not in used), spare[i % len(spare)])
         used.add(colour)
         top = name == "topas"
         out[name] = {"color": colour, "marker": "o" if top else MARKERS[1 + i % (len(MARKERS) - 1)],
@@ -102,6 +104,13 @@ def leaders(
     shown = [s for s in always if s in names]
     shown += [s for s in ranked if s not in shown][: max(0, limit - len(shown))]
     return [s for s in names if s in shown], [s for s in ranked if s not in shown]
+
+
+def short(label: str, width: int = 22) -> str:
+    """A scheduler label that fits a tick or legend: `name[params]` past `width` characters
+    as `name[…]` (the report names the parameters)."""
+    name, bracket, _ = label.partition("[")
+    return label if len(label) <= width or not bracket else f"{name}[…]"
 
 
 def left_out_note(left: list[str], limit: int = MAX_SERIES) -> str:
