@@ -306,7 +306,9 @@ def test_cluster_figure_and_table(tmp_path: Path) -> None:
         routers=("round-robin", "cache-aware"), tasks_per_replica=True, seeds=(0, 1),
     )  # fmt: skip
     run_sweep([spec], tmp_path / "runs", jobs=1)
-    res = CliRunner().invoke(app, ["figures", str(tmp_path / "runs"), "--out", str(tmp_path / "f")])
+    res = CliRunner().invoke(
+        app, ["figures", str(tmp_path / "runs"), "--out", str(tmp_path / "f"), "--strict"]
+    )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "f" / "cluster_jct_vs_replicas.png").is_file()
     table = pd.read_csv(tmp_path / "f" / "cluster.csv")

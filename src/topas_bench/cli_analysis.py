@@ -155,9 +155,16 @@ def figures(
     slo: Annotated[str, typer.Option(help="Goodput's SLO: Nx unloaded JCT, or Ns.")] = "2x",
     skip_bad: SkipBad = False,
     allow_mixed_revisions: AllowMixed = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            help="Fail where a figure is unreadable at page width (text overlaps, "
+            "clipped or under 8 pt, wider than 8 in)."
+        ),
+    ] = False,
 ) -> None:
-    """Draw JCT CDFs, mean/p99 bars, JCT against load, a prefix-residency and KV timeline, and
-    ablation bars (PNG and SVG).
+    """Draw JCT CDFs, JCT relative to the best, JCT against load, a prefix-residency and KV
+    timeline, and the levers' paired margins (PNG and SVG), each at most 8 in wide.
 
     Example: topas-bench figures results/reference --out runs/figures
     """
@@ -165,7 +172,7 @@ def figures(
 
     target = check_out_dir(out_dir if out_dir is not None else results / "figures")
     coll, rep = _load(results, slo, skip_bad, allow_mixed_revisions)
-    files = write_figures(coll, rep, target)
+    files = write_figures(coll, rep, target, strict=strict)
     out.print(f"wrote {len(files)} files to {target}", markup=False)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.collect import Collection
+from topas_bench.analysis.plotting import PAGE_WIDTH_IN, suptitle
 from topas_bench.analysis.report import Report, scheduler_order
 from topas_bench.results import read_meta
 
@@ -74,9 +75,10 @@ def cluster_figure(plt: Any, table: pd.DataFrame, palette: dict[str, Any]) -> An
     """Mean JCT against replicas per router (one panel each), TOPAS's reduction in the last."""
     routers = list(dict.fromkeys(table["router"]))
     workload = ", ".join(dict.fromkeys(table["workload"]))
-    cols = min(3, len(routers) + 1)
+    cols = min(2, len(routers) + 1)
     nrows = -(-(len(routers) + 1) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.6 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(PAGE_WIDTH_IN, 3.4 * nrows + 0.8),
+                             squeeze=False)  # fmt: skip
     flat = list(axes.flat)
     top = float(table["mean_jct_s_hi"].max()) * 1.05
     ticks = sorted(table["replicas"].unique())
@@ -112,12 +114,13 @@ def cluster_figure(plt: Any, table: pd.DataFrame, palette: dict[str, Any]) -> An
     red.set_title("TOPAS vs the best baseline", fontsize=10)
     red.set_xlabel("replicas")
     red.set_ylabel("mean JCT reduction (%)")
-    red.legend(fontsize=7)
+    red.legend(fontsize=8)
     for ax in flat[len(routers) + 1 :]:
         ax.set_visible(False)
-    flat[0].legend(fontsize=7, loc="upper left")
+    flat[0].legend(fontsize=8, loc="upper left")
     seeds = int(table["n_seeds"].min())
-    fig.suptitle(
+    suptitle(
+        fig,
         f"{workload}: cluster mean JCT against replicas (95% bootstrap intervals over {seeds} "
         f"seed{'s' * (seeds != 1)})",
         fontsize=10,

@@ -19,13 +19,23 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.collect import Collection
-from topas_bench.analysis.plotting import engine_of, legend_right, split_label, suptitle
+from topas_bench.analysis.plotting import (
+    PAGE_WIDTH_IN,
+    engine_of,
+    leaders,
+    left_out_note,
+    legend_below,
+    short,
+    split_label,
+    styles,
+    suptitle,
+)
 
 METRICS = (("mean_jct_s", "mean"), ("p99_jct_s", "p99"))
-#: The most panels a CDF figure, and rows a load-curve figure, draws: a large grid (the regime
-#: map's 225 settings per workload) would otherwise make a figure over 1,000 inches wide.
-MAX_CDF_PANELS = 8
-MAX_LOAD_ROWS = 16
+#: The most panels a CDF figure (two to a row), and rows a load-curve figure, draws: a large
+#: grid (the regime map's 225 settings per workload) would otherwise be unreadable.
+MAX_CDF_PANELS = 6
+MAX_LOAD_ROWS = 8
 
 
 def _without(label: str, prefixes: tuple[str, ...]) -> str:
@@ -61,22 +71,24 @@ def load_settings(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 def vs_load(
     plt: Any, settings: list[tuple[str, pd.DataFrame]], palette: dict[str, Any], slo: str
 ) -> Any:
-    """One row per setting: mean JCT, p99 JCT and goodput against load (or rate); the first
-    `MAX_LOAD_ROWS` settings, the title saying how many were left out."""
+    """One row per setting (its name above it): mean JCT, p99 JCT and goodput against load (or
+    rate); the first `MAX_LOAD_ROWS` settings, the title saying how many were left out."""
     left_out = max(0, len(settings) - MAX_LOAD_ROWS)
     settings = settings[:MAX_LOAD_ROWS]
     panels = [("mean_jct_s", "mean JCT (s)"), ("p99_jct_s", "p99 JCT (s)")]
     if any(d["goodput_tps"].notna().any() for _, d in settings):
-        panels.append(("goodput_tps", "goodput (tasks/s meeting the SLO)"))
-    size = (4.2 * len(panels) + 1.6, 3.4 * len(settings) + 1.2)
-    fig, axes = plt.subplots(len(settings), len(panels), squeeze=False, figsize=size)
-    for i, (title, d) in enumerate(settings):
+        panels.append(("goodput_tps", "goodput (tasks/s)"))
+    fig = plt.figure(figsize=(PAGE_WIDTH_IN, 2.9 * len(settings) + 1.6))
+    rows = fig.subfigures(len(settings), 1, squeeze=False)[:, 0]
+    names = list(dict.fromkeys(s for _, d in settings for s in d["scheduler"]))
+    style = styles(names, palette)
+    for sub, (title, d) in zip(rows, settings, strict=True):
+        axes = sub.subplots(1, len(panels), squeeze=False)[0]
         col_x, xlabel = x_axis(d)
         xs = np.sort(d[col_x].unique())
         step = float(np.diff(xs).min()) if len(xs) > 1 else 0.1
         scheds = list(dict.fromkeys(d["scheduler"]))
-        for j, (col, label) in enumerate(panels):
-            ax = axes[i][j]
+        for ax, (col, label) in zip(axes, panels, strict=True):
             for k, (sched, s) in enumerate(d.groupby("scheduler", sort=False)):
                 s = s.sort_values(col_x)
                 # dodge each scheduler a little along x so that the intervals do not overlap
@@ -84,13 +96,14 @@ def vs_load(
                 y = s[col].to_numpy(dtype=float)
                 lo, hi = s[f"{col}_lo"].to_numpy(dtype=float), s[f"{col}_hi"].to_numpy(dtype=float)
                 yerr = np.nan_to_num(np.vstack([y - lo, hi - y]).clip(min=0))
-                ax.errorbar(x, y, yerr=yerr, marker="o", markersize=4, capsize=2, linewidth=1.3,
-                            label=sched, color=palette[str(sched)],
-                            zorder=3 if sched == "topas" else 2)  # fmt: skip
-            ax.set_title(f"{title.replace(chr(10), ': ')}\n{label}", fontsize=9)
-            ax.set(xlabel=xlabel, ylabel=label if j == 0 else "", xticks=xs)
-            ax.set_xticklabels([f"{x:.4g}" for x in xs], fontsize=8)
-    legend_right(axes[0][-1], axes[0][0])
+                ax.errorbar(x, y, yerr=yerr, markersize=4, capsize=2, label=short(str(sched)),
+                            **style[str(sched)])  # fmt: skip
+            ax.set_title(label, fontsize=9)
+            ax.set_xticks(xs, [f"{x:.3g}" for x in xs], fontsize=8)
+            ax.tick_params(axis="y", labelsize=8)
+        sub.supxlabel(xlabel, fontsize=8)
+        suptitle(sub, title.replace("\n", ": "), fontsize=9)
+    legend_below(fig, [ax for sub in rows for ax in sub.axes])
     n = sorted({int(x) for _, d in settings for x in d["n_seeds"]})
     suptitle(fig, "JCT and goodput against load, one row per setting\nerror bars: 95% "
              f"percentile-bootstrap interval over {'/'.join(map(str, n))} seeds; goodput: "
@@ -117,36 +130,55 @@ def identical_groups(arrays: dict[str, np.ndarray]) -> list[list[str]]:
 def cdf(
     plt: Any, coll: Collection, rows: pd.DataFrame, palette: dict[str, Any], shown: tuple[str, ...]
 ) -> Any:
+    """The JCT CDF per scheduler, one panel per group (the first `MAX_CDF_PANELS`), two to a
+    row; in each at most `MAX_SERIES` schedulers of `shown` (TOPAS and the best on mean JCT
+    there), the others named in the title."""
     groups = list(rows.groupby("group", sort=False))
     left_out = max(0, len(groups) - MAX_CDF_PANELS)
     groups = groups[:MAX_CDF_PANELS]
-    fig, axes = plt.subplots(1, len(groups), figsize=(max(7.0, 4.6 * len(groups)), 4.6),
+    dropped: list[str] = []
+    cols = min(2, len(groups))
+    nrows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(PAGE_WIDTH_IN, 4.4 * nrows + 1.4),
                              squeeze=False)  # fmt: skip
     identical = False
-    for ax, (gkey, g) in zip(axes[0], groups, strict=True):
-        runs = coll.runs[(coll.runs["group"] == gkey) & coll.runs["scheduler"].isin(shown)]
+    for ax, (gkey, g) in zip(axes.flat, groups, strict=False):
+        keep, left = leaders(g[g["scheduler"].isin(shown)])
+        dropped += [s for s in left if s not in dropped]
+        style = styles(sorted(keep, key=lambda s: (s != "topas", shown.index(s))), palette)
+        runs = coll.runs[(coll.runs["group"] == gkey) & coll.runs["scheduler"].isin(keep)]
         order = sorted(runs["scheduler"].unique(), key=lambda s: (s == "topas", shown.index(s)))
         arrays = {}
         for sched in order:
             seeds = g[g["scheduler"] == sched]["seeds"]
-            keep = {int(s) for s in str(seeds.iloc[0]).split(",")} if len(seeds) else set()
-            r = runs[(runs["scheduler"] == sched) & runs["seed"].isin(keep)]
+            keep_seeds = {int(s) for s in str(seeds.iloc[0]).split(",")} if len(seeds) else set()
+            r = runs[(runs["scheduler"] == sched) & runs["seed"].isin(keep_seeds)]
             arrays[sched] = np.sort(np.concatenate([coll.jct[p] for p in r["path"]]))
         for same in identical_groups(arrays):
             x = arrays[same[0]]
-            label = " = ".join(same) + (" (identical JCTs)" if len(same) > 1 else "")
+            label = " = ".join(short(x) for x in same)
+            label = textwrap.fill(label + (" (identical JCTs)" if len(same) > 1 else ""), 40)
             identical |= len(same) > 1
+            st = style[same[0]]
             ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=label,
-                    color=palette[same[0]], linewidth=2.2 if "topas" in same else 1.4)  # fmt: skip
-        ax.set(xlabel="JCT (s)", ylabel="fraction of tasks")
-        ax.set_title(textwrap.fill(str(g.iloc[0]["group_label"]), 48), fontsize=9)
-        ax.legend(fontsize=8, loc="lower right")
+                    color=st["color"], linestyle=st["linestyle"], linewidth=st["linewidth"],
+                    zorder=st["zorder"])  # fmt: skip
+        ax.set_xlabel("JCT (s)", fontsize=8)
+        ax.set_ylabel("fraction of tasks", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.set_title(textwrap.fill(str(g.iloc[0]["group_label"]), 44), fontsize=8)
+        # below the panel, outside the data (constrained layout makes room)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+    for ax in list(axes.flat)[len(groups) :]:
+        ax.set_visible(False)
     note = "; schedulers with identical JCTs share one line" if identical else ""
     if left_out:
         note += f"; the first {MAX_CDF_PANELS} settings, {left_out} more not drawn"
+    if dropped:
+        note += f"; {left_out_note(dropped)}"
     engines = ", ".join(sorted({engine_of(r) for _, r in rows.iterrows()}))
     suptitle(fig, f"{rows.iloc[0]['workload']}: JCT CDF (tasks of every seed pooled), "
-             f"{engines}{note}")  # fmt: skip
+             f"{engines}{note}", fontsize=9)  # fmt: skip
     return fig
 
 
@@ -166,10 +198,11 @@ def _cell(r: pd.Series, m: str) -> str:
 
 
 def regime_map(plt: Any, grid: pd.DataFrame) -> Any:
-    """Heat maps of TOPAS's mean and p99 JCT reduction vs the best baseline over the grid."""
+    """Heat maps of TOPAS's mean (above) and p99 (below) JCT reduction vs the best baseline
+    over the grid."""
     col_x, xlabel = x_axis(grid)
     xs, ys = np.sort(grid[col_x].unique()), np.sort(grid["kv_budget_tokens"].unique())
-    fig, axes = plt.subplots(1, 2, figsize=(max(10.0, 2.4 * len(xs) * 2), 1.2 * len(ys) + 2.6))
+    fig, axes = plt.subplots(2, 1, figsize=(PAGE_WIDTH_IN, 2 * (0.75 * len(ys) + 1.2) + 1.6))
     vals = grid[[f"reduction_{m}" for _, m in METRICS]].to_numpy(dtype=float) * 100
     lim = max(5.0, float(np.nanmax(np.abs(vals))))
     for ax, (_, m) in zip(axes, METRICS, strict=True):
@@ -180,21 +213,26 @@ def regime_map(plt: Any, grid: pd.DataFrame) -> Any:
             z[i, j] = 100 * r[f"reduction_{m}"]
             crosses = r[f"reduction_{m}_lo"] <= 0 <= r[f"reduction_{m}_hi"]
             dark = abs(z[i, j]) > 0.55 * lim
-            ax.text(j, i, _cell(r, m), ha="center", va="center", fontsize=9,
+            ax.text(j, i, _cell(r, m), ha="center", va="center", fontsize=8,
                     color="white" if dark else "black",
                     fontstyle="italic" if crosses else "normal")  # fmt: skip
         image = ax.imshow(z, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
         for i, j in zip(*np.nonzero(np.isnan(z)), strict=True):
-            ax.text(j, i, "not run", ha="center", va="center", fontsize=9, color="gray")
-        ax.set_xticks(range(len(xs)), [f"{x:.4g}" for x in xs])
-        ax.set_yticks(range(len(ys)), [f"{int(y):,}" for y in ys])
-        ax.set(xlabel=xlabel, ylabel="KV budget (tokens)", title=f"{m} JCT")
+            ax.text(j, i, "not run", ha="center", va="center", fontsize=8, color="gray")
+        ax.set_xticks(range(len(xs)), [f"{x:.4g}" for x in xs], fontsize=8)
+        ax.set_yticks(range(len(ys)), [f"{int(y):,}" for y in ys], fontsize=8)
+        ax.set_ylabel("KV budget (tokens)", fontsize=8)
+        ax.set_title(f"{m} JCT", fontsize=9)
         ax.grid(False)
-        fig.colorbar(image, ax=ax, label="TOPAS reduction vs best baseline (%)", shrink=0.9)
+        bar = fig.colorbar(image, ax=ax, shrink=0.9)
+        bar.set_label("TOPAS reduction (%)", fontsize=8)
+        bar.ax.tick_params(labelsize=8)
+    axes[-1].set_xlabel(xlabel, fontsize=8)
     first = grid.iloc[0]
     rest = _without(str(first["group_label"]), ("load ", "rate ", "KV "))
     engine = first.get("engine") if isinstance(first.get("engine"), str) else "not recorded"
     suptitle(fig, f"{first['workload']}: where TOPAS wins. Its JCT reduction vs the best "
              f"baseline per cell (blue: TOPAS faster), 95% interval over seeds {first['seeds']} "
-             f"in brackets, italic where it includes 0; {rest}, engine {engine}")  # fmt: skip
+             f"in brackets, italic where it includes 0; {rest}, engine {engine}",
+             fontsize=9)  # fmt: skip
     return fig

@@ -138,11 +138,18 @@ def _half(r: pd.Series, col: str) -> float:
 
 def plot(history: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
     """Per workload: TOPAS's margins in percent (with intervals) and every scheduler's mean
-    JCT, by night, one column per setting (named above it)."""
+    JCT, by night, one column per setting (named above it), two to a row."""
     from matplotlib.ticker import PercentFormatter
 
     from topas_bench.analysis.figures import MAIN
-    from topas_bench.analysis.plotting import legend_right, palette_for, pyplot, save, suptitle
+    from topas_bench.analysis.plotting import (
+        PAGE_WIDTH_IN,
+        legend_below,
+        palette_for,
+        pyplot,
+        save,
+        suptitle,
+    )
 
     plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
@@ -150,31 +157,38 @@ def plot(history: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "s
     palette = palette_for(history["scheduler"].unique())
     for workload, w in history.groupby("workload", sort=False):
         settings = list(dict.fromkeys(w["setting"]))
-        fig, axes = plt.subplots(3, len(settings), figsize=(5.8 * len(settings), 9.5),
-                                 squeeze=False, sharex="col")  # fmt: skip
-        for j, setting in enumerate(settings):
+        cols = min(2, len(settings))  # settings wrap two to a row: page width
+        blocks = -(-len(settings) // cols)
+        fig = plt.figure(figsize=(PAGE_WIDTH_IN, 8.5 * blocks + 1.2))
+        subs = fig.subfigures(blocks, cols, squeeze=False)
+        for sub in subs.flat[len(settings) :]:
+            sub.set_visible(False)
+        jcts = []
+        for sub, setting in zip(subs.flat, settings, strict=False):
+            axes = sub.subplots(3, 1, sharex=True)
+            jcts.append(axes[2])
             d = w[w["setting"] == setting]
             nights = sorted(dict.fromkeys(zip(d["date"], d["revision"], strict=True)))
             x = {n: i for i, n in enumerate(nights)}
             t = d[d["scheduler"] == "topas"]
-            for i, (col, m) in enumerate(MARGINS.items()):
-                ax = axes[i][j]
+            for ax, (col, m) in zip(axes, MARGINS.items(), strict=False):
                 xs = [x[(a, b)] for a, b in zip(t["date"], t["revision"], strict=True)]
                 ax.plot(xs, 100 * t[col], marker="o", color=palette.get("topas"))
                 ax.fill_between(xs, 100 * t[f"{col}_lo"], 100 * t[f"{col}_hi"], alpha=0.2,
                                 color=palette.get("topas"))  # fmt: skip
                 ax.axhline(0, color="black", linewidth=0.8)
                 ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
-                ax.set_ylabel(f"TOPAS {m} JCT reduction\nvs best baseline")
-            ax = axes[2][j]
+                ax.set_ylabel(f"TOPAS {m} JCT\nreduction vs best\nbaseline", fontsize=8)
+                ax.tick_params(labelsize=8)
+            ax = axes[2]
             for sched, s in d[d["scheduler"].isin(MAIN)].groupby("scheduler", sort=False):
                 xs = [x[(a, b)] for a, b in zip(s["date"], s["revision"], strict=True)]
                 ax.plot(xs, s["mean_jct_s"], marker=".", label=sched, color=palette.get(sched))
-            ax.set_ylabel("mean JCT (s)")
-            ax.set_xticks(range(len(nights)), [f"{a}\n{b[:7]}" for a, b in nights], fontsize=7,
-                          rotation=45)  # fmt: skip
-            axes[0][j].set_title(setting, fontsize=8, wrap=True)
-        legend_right(axes[2][-1], axes[2][0])
+            ax.set_ylabel("mean JCT (s)", fontsize=8)
+            ax.set_xticks(range(len(nights)), [f"{a}\n{b[:7]}" for a, b in nights], fontsize=8)
+            ax.tick_params(labelsize=8)
+            suptitle(sub, setting, fontsize=8)
+        legend_below(fig, jcts)
         suptitle(fig, f"{workload}: nightly trend, one column per setting (bands: 95% "
                  "bootstrap intervals over seeds)")  # fmt: skip
         written += save(plt, fig, out, _safe(str(workload)), formats)

@@ -19,7 +19,7 @@ family Holm-corrected (`verdict.verdicts`). `residency` is the no-pins verdict i
 ``pays`` (TOPAS beats topas-no-pins), ``hurts`` or ``tie``.
 
 `regime_margin` draws one figure per workload: a heat map of TOPAS's margin per (KV multiple,
-load) cell, one column of panels per output scale, mean JCT above and p99 below, the cells
+load) cell, one row of panels per output scale, mean JCT left and p99 right, the cells
 where residency pays outlined. `regime_markdown` is the mechanism table.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.curves import x_axis
-from topas_bench.analysis.plotting import suptitle
+from topas_bench.analysis.plotting import PAGE_WIDTH_IN, suptitle
 from topas_bench.analysis.protocol import GROUP_KEY, is_family, representatives, with_variants
 from topas_bench.analysis.verdict import METRICS as VERDICT_METRICS
 from topas_bench.analysis.verdict import Paired, paired, verdicts
@@ -200,15 +200,15 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
     if col_x == "load":  # FCFS's, or the best of the sweep's `load_reference`
         xlabel = "load (x the reference schedulers' best saturation rate)"
     loads = sorted(w[col_x].unique())
-    fig, axes = plt.subplots(2, len(scales), squeeze=False,
-                             figsize=(max(7.0, 2.2 * len(loads) * len(scales) + 3.0),
-                                      2 * (0.9 * len(budgets) + 1.6)))  # fmt: skip
+    fig, axes = plt.subplots(len(scales), 2, squeeze=False,
+                             figsize=(PAGE_WIDTH_IN,
+                                      len(scales) * (0.62 * len(budgets) + 0.9) + 2.4))  # fmt: skip
     vals = w[[f"margin_{m}" for _, m in METRICS]].to_numpy(dtype=float) * 100
     lim = max(5.0, float(np.nanmax(np.abs(vals)))) if np.isfinite(vals).any() else 5.0
     image = None
-    for j, x in enumerate(scales):
+    for i, x in enumerate(scales):
         d = w[w["output_scale"] == x]
-        for i, (_, m) in enumerate(METRICS):
+        for j, (_, m) in enumerate(METRICS):
             ax = axes[i][j]
             z = np.full((len(budgets), len(loads)), np.nan)
             for _, r in d.iterrows():
@@ -229,20 +229,22 @@ def regime_margin(plt: Any, w: pd.DataFrame) -> Any:
                                                edgecolor="black", linewidth=2.2))  # fmt: skip
             for a, b in zip(*np.nonzero(np.isnan(z)), strict=True):
                 ax.text(b, a, "not run", ha="center", va="center", fontsize=8, color="gray")
-            ax.set_xticks(range(len(loads)), [f"{x:.4g}" for x in loads])
+            ax.set_xticks(range(len(loads)), [f"{v:.4g}" for v in loads], fontsize=8)
             ax.set_yticks(range(len(budgets)), labels if j == 0 else [""] * len(budgets),
                           fontsize=8)  # fmt: skip
-            ax.set(ylabel=ylabel if j == 0 else "",
-                   title=f"outputs x{x:g}: {m} JCT")  # fmt: skip
+            ax.set_title(f"outputs x{x:g}: {m} JCT", fontsize=9)
             ax.grid(False)
-    fig.supxlabel(xlabel, fontsize=9)
+    fig.supxlabel(xlabel, fontsize=8)
+    fig.supylabel(ylabel, fontsize=8)
     if image is not None:
-        fig.colorbar(image, ax=axes, label="TOPAS margin over best other (%)", shrink=0.8)
+        bar = fig.colorbar(image, ax=axes, shrink=0.6)
+        bar.set_label("TOPAS margin over best other (%)", fontsize=8)
+        bar.ax.tick_params(labelsize=8)
     first = w.iloc[0]
     suptitle(fig, f"{first['workload']}: regime map. TOPAS's JCT margin over the best other "
              f"scheduler (blue: TOPAS faster), 95% interval over seeds {first['seeds']}, italic "
              "where it is a tie after Holm's correction over the map; outlined: residency pays "
-             "(TOPAS beats topas-no-pins on mean JCT, corrected likewise)")  # fmt: skip
+             "(TOPAS beats topas-no-pins on mean JCT, corrected likewise)", fontsize=9)  # fmt: skip
     return fig
 
 

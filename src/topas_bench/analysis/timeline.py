@@ -26,7 +26,7 @@ import pandas as pd
 
 from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.curves import identical_groups
-from topas_bench.analysis.plotting import setting_title, suptitle
+from topas_bench.analysis.plotting import PAGE_WIDTH_IN, setting_title, suptitle
 from topas_bench.results import read_table
 
 BINS = 240
@@ -141,9 +141,9 @@ def timeline_figure(
     edges = np.linspace(start, end, BINS + 1)
     centers = (edges[:-1] + edges[1:]) / 2
     agents = sorted({a for d in data.values() for a in _agents(d["timeline"])})
-    strip_h = max(0.6, 0.17 * len(agents))
+    strip_h = max(0.6, 0.16 * len(agents))
     heights = [1.3, 0.35, 2.0, 1.4, 1.2, *([strip_h] * len(shown)), 1.6]
-    fig, axes = plt.subplots(len(heights), 1, figsize=(11, sum(heights) + 1.4),
+    fig, axes = plt.subplots(len(heights), 1, figsize=(PAGE_WIDTH_IN, sum(heights) + 1.8),
                              gridspec_kw={"height_ratios": heights})  # fmt: skip
     style = {s: {"color": palette.get(s), "linestyle": STYLES[i], "linewidth": 1.8 - 0.3 * i}
              for i, s in enumerate(shown)}  # fmt: skip
@@ -197,7 +197,7 @@ def timeline_figure(
         res = _residency(data[s]["timeline"], agents, edges)
         ax.imshow(res, aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest",
                   extent=(start, end, len(agents) - 0.5, -0.5))  # fmt: skip
-        ax.set_yticks(range(len(agents)), [a[:14] for a in agents], fontsize=6)
+        ax.set_yticks(range(len(agents)), [a[:14] for a in agents], fontsize=8)
         ax.set_ylabel(f"{label[s].replace(' = ', chr(10))}:\nresident\nprefixes", fontsize=8,
                       color=palette.get(s))  # fmt: skip
         ax.grid(False)
@@ -209,13 +209,13 @@ def timeline_figure(
     budget = int(g.iloc[0]["kv_budget_tokens"])
     ax.axhline(budget, color="black", linewidth=0.8, linestyle="--")
     ax.annotate(f"KV budget {budget:,} tokens", (end, budget), xytext=(-4, 3), ha="right",
-                textcoords="offset points", fontsize=7)  # fmt: skip
+                textcoords="offset points", fontsize=8)  # fmt: skip
     ax.set_ylim(0, budget * 1.15)
     ax.set_ylabel("KV tokens\nin use", fontsize=9)
     for a in detail[:-1]:
         a.tick_params(labelbottom=False)
-    ax.set_xlabel(f"time (s), window {start:,.0f}-{end:,.0f} s; waiting, residency and KV: "
-                  f"duration-weighted means over {BINS} bins")  # fmt: skip
+    ax.set_xlabel(f"time (s), window {start:,.0f}-{end:,.0f} s\nwaiting, residency and KV: "
+                  f"duration-weighted means over {BINS} bins", fontsize=9)  # fmt: skip
     first = g.iloc[0]
     suptitle(fig, f"{first['workload']}: {' vs '.join(label.values())} over one run (seed {seed}); "
              f"{setting_title(first)}\nTop: the whole run. Below: the {100 * WINDOW:.0f}% of "
