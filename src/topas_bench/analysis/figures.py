@@ -282,23 +282,6 @@ def grouped_bars(
     ax.tick_params(axis="x", labelsize=8)
 
 
-def ablation_bars(plt: Any, abl: pd.DataFrame, palette: dict[str, Any]) -> Any:
-    """TOPAS and its ablations, mean and p99 JCT in seconds from zero (the site's until it
-    draws `lever_figure`, which needs the runs)."""
-    fig, axes = plt.subplots(2, 1, figsize=(PAGE_WIDTH_IN, 7.5), squeeze=False)
-    _, own = common_setting(abl)
-    d = abl.assign(cat=[_cat(w, own[str(g)]) for w, g in zip(abl["workload"], abl["group"],
-                                                              strict=True)])  # fmt: skip
-    cats = list(dict.fromkeys(d["cat"]))
-    for ax, (col, m) in zip(axes[:, 0], METRICS, strict=True):
-        grouped_bars(ax, d, cats, col, palette, ci=True)
-        ax.set_xlabel(f"{m} JCT (s)", fontsize=8)
-    legend_below(fig, [axes[0][0]])
-    shared, _ = common_setting(abl)
-    suptitle(fig, f"TOPAS ablations (lower is better); {shared}\n{seeds_note(abl)}")
-    return fig
-
-
 def requests_figure(plt: Any, main: pd.DataFrame, palette: dict[str, Any], slo: str) -> Any | None:
     panels = [
         ("ttft_p99_s", "p99 TTFT (s)", True), ("tpot_mean_ms", "mean TPOT (ms)", False),
