@@ -110,7 +110,7 @@ def _cache(kv_tokens: int) -> tuple[Any, Any]:
 
 
 def _bridge(policy: str, kv_tokens: int, now: float = 0.0, **params: Any) -> tuple[Any, Any, Any]:
-    from topas_bench.runners.sglang.adapter import Bridge
+    from topas_bench.runners.sglang.bridge import Bridge
     from topas_bench.runners.sim.cost import CostModel, load_preset
     from topas_bench.schedulers.estimator import ServiceEstimator
     from topas_bench.schedulers.registry import make_policy

@@ -1,4 +1,4 @@
-"""Standing decisions on SGLang's own scheduler (`runners.sglang.adapter.Bridge`): reusing a
+"""Standing decisions on SGLang's own scheduler (`runners.sglang.bridge.Bridge`): reusing a
 TOPAS decision while it stands (`schedulers.base.Standing`) changes nothing.
 
 The reference engine (SGLang 0.5.23's real `Scheduler` on CPU through the plugin) serves the
@@ -104,10 +104,10 @@ def late() -> dict[str, Any]:
     """The Bridge reusing a decision at one scheduling point past its bound (the state still
     the one it was made on), on every stream: the budget-flip stream, where the bound is
     exact, must catch it."""
-    from topas_bench.runners.sglang import adapter
+    from topas_bench.runners.sglang import bridge
     from topas_bench.runners.sglang_cpu.lockstep import first_divergence
 
-    stands = adapter.Bridge.stands
+    stands = bridge.Bridge.stands
 
     def one_late(self: Any, state: tuple[Any, ...], running: Any) -> Any:
         d = stands(self, state, running)
@@ -121,11 +121,11 @@ def late() -> dict[str, Any]:
     divergences = 0
     for seed in (-1, *SEEDS):
         slow, _, _ = serve(seed, False)
-        adapter.Bridge.stands = one_late  # type: ignore[method-assign]
+        bridge.Bridge.stands = one_late  # type: ignore[method-assign]
         try:
             fast, _, _ = serve(seed, True)
         finally:
-            adapter.Bridge.stands = stands  # type: ignore[method-assign]
+            bridge.Bridge.stands = stands  # type: ignore[method-assign]
         divergences += first_divergence(fast, slow) is not None
     return {"divergences": divergences}
 

@@ -19,7 +19,7 @@ workload. The output ends at the stage's length either way its `max_new_tokens`
   streamed chunk may carry several tokens (vLLM on CPU sent 67 of a 60-token call once) and it
   notices the disconnect a step or more later. `min_tokens` is in
   the request's sampling parameters but in no view a policy gets (the plugin's view reads only
-  the cap and `ignore_eos`, `adapter.SglangView`). A server that does not send per-chunk usage
+  the cap and `ignore_eos`, `view.SglangView`). A server that does not send per-chunk usage
   is counted by its streamed chunks (one per decode step on SGLang and vLLM by default).
 
 The server is reached through the `openai` package (`api`): one `AsyncOpenAI` per run, its

@@ -270,7 +270,7 @@ class ReferenceLoop:
         ))  # fmt: skip
 
     def _resident(self) -> str:
-        from topas_bench.runners.sglang.adapter import device_prefix_len
+        from topas_bench.runners.sglang.view import device_prefix_len
 
         names = []
         for a in self.w.agents:

@@ -2,7 +2,7 @@
 live (`Policy.context_ttl`), eviction priorities of agent prefixes (`Decision.prefix_priority`)
 and host-tier prefetch (`Decision.prefetch`, and the timed upload of an offloaded context,
 `Policy.context_action`). The plugin's adapter does the first two on a real
-server the same way (`runners.sglang.adapter.Bridge`); prefetch needs a host tier, which only
+server the same way (`runners.sglang.bridge.Bridge`); prefetch needs a host tier, which only
 the simulator has.
 """
 

@@ -1,7 +1,7 @@
 """The simulator's implementation of the read-only `EngineView` a policy sees.
 
 It answers exactly what the plugin's view answers on a real server
-(`runners.sglang.adapter.SglangView`), so a policy decides the same way in both engines:
+(`runners.sglang.view.SglangView`), so a policy decides the same way in both engines:
 prefix hits are read-only device matches of the request's prompt and outputs so far; agents are
 those seen in requests so far; `lock_cost` uses the adapter's approximation.
 """

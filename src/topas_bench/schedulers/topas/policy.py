@@ -38,7 +38,8 @@ from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim, fir
 from topas_bench.schedulers.topas.params import TopasParams, resolve_params
 from topas_bench.schedulers.topas.paths import TaskPath, task_path
 from topas_bench.schedulers.topas.search import AgentInfo, score_set, search
-from topas_bench.schedulers.topas.standing import Certificate, Pool
+from topas_bench.schedulers.topas.standing import Certificate
+from topas_bench.schedulers.topas.standing_inputs import Pool
 
 
 class Topas(Policy):
