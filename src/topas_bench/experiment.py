@@ -27,7 +27,7 @@ from topas_bench.sizing import ESTIMATE_ABOVE_TASKS, check_run
 from topas_bench.spec import RunSpec
 from topas_bench.workloads.registry import DEFAULT_RATE_PRESET, generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
-from topas_bench.workloads.trace_parse import MAX_TIME_S
+from topas_bench.workloads.trace.parse import MAX_TIME_S
 
 #: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
 CAPACITY_PROBE_TASKS = 200

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.workloads.model import Stage, Task, Workload
-from topas_bench.workloads.trace_parse import MAX_TIME_S
+from topas_bench.workloads.trace.parse import MAX_TIME_S
 
 if TYPE_CHECKING:
     from topas_bench.runners.sim.cost import CostModel

@@ -29,7 +29,7 @@ from topas_bench.schedulers.registry import (
     SGLANG_STOCK,
     make_policy,
 )
-from topas_bench.workloads.trace_parse import MAX_TOKENS
+from topas_bench.workloads.trace.parse import MAX_TOKENS
 
 #: An engine's own settings (`runners.engines.Engine.options`).
 EngineOptions = SimOptions | ReferenceOptions | SglangOptions

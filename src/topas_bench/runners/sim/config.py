@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Stage, Workload
-from topas_bench.workloads.trace_parse import MAX_TOKENS
+from topas_bench.workloads.trace.parse import MAX_TOKENS
 
 LengthHint = Literal["none", "oracle"]
 #: SimConfig fields that enter a run's identity when they differ from their defaults.
