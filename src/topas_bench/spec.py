@@ -97,7 +97,7 @@ class RunSpec:
     preset: a name or a preset file; kv_budget_tokens: None takes the preset's derived budget.
     cluster: N replicas behind a router, or None (one server).
     engine: the engine and its own settings.
-    out: the results root (`results.RunIdentity.run_dir`).
+    out: the results root (`cell.identity.RunIdentity.run_dir`).
     """
 
     workload: str
