@@ -47,7 +47,7 @@ class RunPlan:
     options: EngineOptions = field(default_factory=SimOptions)
     #: N replicas behind a router (`--replicas`, `--router`); None: one server.
     cluster: ClusterConfig | None = None
-    #: The schedulers whose best saturation rate `load` is a fraction of (`sweep.units`).
+    #: The schedulers whose best saturation rate `load` is a fraction of (`units`).
     load_reference: tuple[str, ...] = ("fcfs",)
 
     @property

@@ -40,7 +40,7 @@ from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.spec import RunSpec
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import SweepSpec
-from topas_bench.sweep.units import reference_rate
+from topas_bench.units import reference_rate
 from topas_bench.workloads.lengths import generation_params
 from topas_bench.workloads.registry import identity_params, resolve, run_defaults
 from topas_bench.workloads.trace import dumps_workload, loads_workload
