@@ -13,10 +13,12 @@ import functools
 import math
 from typing import Any
 
+from topas_bench.cell.identity import trace_digest, workload_digest
+from topas_bench.cell.stored import CellResult
 from topas_bench.errors import TopasError
 from topas_bench.harness import run_cell
 from topas_bench.horizon import FIX_PRESET, LIMIT, check_plan, too_far
-from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
+from topas_bench.plan import RunPlan
 from topas_bench.progress import Progress
 from topas_bench.runners.engines import ENGINES
 from topas_bench.runners.sim.config import SimConfig, check_fits
@@ -232,5 +234,5 @@ def _measure_capacity(
 
 __all__ = [
     "BASELINES", "CellResult", "RunPlan", "measure_capacity", "plan_run", "run_cell", "run_plan",
-    "stored_cell", "trace_digest", "workload_digest",
+    "trace_digest", "workload_digest",
 ]  # fmt: skip

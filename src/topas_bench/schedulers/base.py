@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from topas_bench.errors import TopasError
-from topas_bench.runners.sim.evict import POLICIES as EVICTION_POLICIES
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.request import RequestView, StageState, StageView
+
+#: SGLang 0.5.23's `--radix-eviction-policy` choices the engines mirror (`ServerNeeds.eviction`;
+#: the simulator's orders: `runners.sim.evict`).
+EVICTION_POLICIES = ("lru", "lfu", "slru", "priority")
 
 
 class PrefixLocation(enum.IntEnum):
