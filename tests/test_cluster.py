@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from topas_bench.cell.identity import cell_identity
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
 from topas_bench.experiment import plan_run
@@ -198,7 +199,7 @@ def test_cell_files_and_identity(tmp_path: Path) -> None:
     dirs.add(run_cell(single, "fcfs").run_dir)
     assert len(dirs) == 4
     assert "engine_params" in json.loads((cell.run_dir / "run.json").read_text())["identity"]
-    assert single.identity("fcfs").engine_params == {}
+    assert cell_identity(single, "fcfs").engine_params == {}
     again = run_cell(plan, "fcfs")
     assert again.cached and again.run_dir == cell.run_dir
 
