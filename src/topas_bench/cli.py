@@ -271,14 +271,23 @@ def presets_show(
     print_preset(out, load_preset(name))
 
 
-# run, tune, sweep; report, figures, compare; fidelity; site; serve, calibrate: in their own
-# modules.
-cli_run.register(app)
-cli_tune.register(app)
-cli_analysis.register(app)
-cli_fidelity.register(app)
-cli_site.register(app)
-cli_gpu.register(app)
+# The commands in their own modules, in the order `--help` lists them.
+for _command in (
+    cli_run.run,
+    cli_run.sweep,
+    cli_tune.tune,
+    cli_analysis.report,
+    cli_analysis.figures,
+    cli_analysis.compare,
+    cli_fidelity.fidelity,
+    cli_site.site,
+):
+    app.command()(_command)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    cli_gpu.serve
+)
+app.command()(cli_gpu.calibrate)
+app.command()(cli_gpu.profile)
 
 
 def main() -> None:

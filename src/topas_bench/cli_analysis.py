@@ -1,5 +1,5 @@
 """`topas-bench report | figures | compare`: thin commands over `topas_bench.analysis`
-(registered on the main app by `register`)."""
+(registered on the main app in `topas_bench.cli`)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from topas_bench.cli_common import (
-    check_out_dir,
-    err,
-    handles_errors,
-    out,
-)
+from topas_bench.cli_common import check_out_dir, err, handles_errors, out
 from topas_bench.errors import TopasError
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(report)
-    app.command()(figures)
-    app.command()(compare)
-
 
 SkipBad = Annotated[
     bool,

@@ -18,10 +18,6 @@ from topas_bench.errors import TopasError
 PAPER_WORKLOADS = "chain3,dag4,dag10-wide,metagpt-sop,metagpt-tl"
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(fidelity)
-
-
 @handles_errors
 def fidelity(
     workload: Annotated[

@@ -12,20 +12,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from topas_bench.cli_common import handles_errors
+
 if TYPE_CHECKING:
     from topas_bench.runners.sim.cost import Preset
 
 
-def register(app: typer.Typer) -> None:
-    from topas_bench.cli_common import handles_errors
-
-    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-        handles_errors(serve)
-    )
-    app.command()(handles_errors(calibrate))
-    app.command()(handles_errors(profile))
-
-
+@handles_errors
 def serve(
     ctx: typer.Context,
     scheduler: Annotated[
@@ -85,6 +78,7 @@ def serve(
     raise typer.Exit(subprocess.call(argv, env=env))
 
 
+@handles_errors
 def calibrate(
     log: Annotated[
         Path | None,
@@ -255,6 +249,7 @@ def _calibrate_profile(
     typer.echo(f"wrote {output}")
 
 
+@handles_errors
 def profile(
     output: Annotated[Path, typer.Option("--output", "-o", help="Profile file to write (JSONL).")],
     preset: Annotated[

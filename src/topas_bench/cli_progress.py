@@ -2,7 +2,8 @@
 
 `RunBars` (`run`): a transient spinner while a large workload is sampled (only on a
 terminal), then one bar per scheduler's cell. `SweepBars` (`sweep`): a bar with an ETA per
-phase (capacity measurement, cells) and the last thing done.
+phase (capacity measurement, cells) and the last thing done. `ImportBars` (`trace import`): a
+bar per import phase, on a terminal only, gone when done.
 """
 
 from __future__ import annotations
@@ -90,3 +91,19 @@ class SweepBars(_Bars):
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
             TextColumn("{task.fields[last]}"), console=console,
         ))  # fmt: skip
+
+
+class ImportBars(_Bars):
+    """The importer's `progress(phase, done, total)` callback: a bar per phase (read, convert,
+    replicate, check, write), added when the phase first reports."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(console, Progress(
+            TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal,
+        ))  # fmt: skip
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase not in self._bars:
+            self.phase(phase, total)
+        self._p.update(self._bars[phase], completed=done, total=total)

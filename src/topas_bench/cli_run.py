@@ -41,11 +41,6 @@ from topas_bench.cli_options import (
 from topas_bench.errors import TopasError
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(run)
-    app.command()(sweep)
-
-
 @handles_errors
 def run(
     workload: Workload = "metagpt-tl",

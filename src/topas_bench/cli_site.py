@@ -12,10 +12,6 @@ from topas_bench.cli_common import check_out_dir, handles_errors, out, parse_ass
 from topas_bench.errors import TopasError
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(site)
-
-
 @handles_errors
 def site(
     results: Annotated[

@@ -1,5 +1,5 @@
-"""`topas-bench tune`: parses its flags into a `tune.TuneSpec`, tunes, prints (registered by
-`register`)."""
+"""`topas-bench tune`: parses its flags into a `tune.TuneSpec`, tunes, prints (registered in
+`topas_bench.cli`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,6 @@ from topas_bench.cli_common import check_out_dir, err, handles_errors, out, pars
 from topas_bench.errors import TopasError
 
 DEFAULT_WORKLOADS = "chain3,dag4,dag10-wide,metagpt-sop,metagpt-tl"
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(tune)
 
 
 @handles_errors

@@ -10,16 +10,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from topas_bench.cli_common import handles_errors, lists_problems, out
+from topas_bench.cli_progress import ImportBars
 from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Workload
 
@@ -36,29 +29,7 @@ def _default_out(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".jsonl") + ".workload.jsonl")
 
 
-class _Bars:
-    """A rich bar per import phase (read, convert, replicate, check, write), on stderr."""
-
-    def __init__(self, progress: Progress) -> None:
-        self._p = progress
-        self._bars: dict[str, TaskID] = {}
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        if phase not in self._bars:
-            self._bars[phase] = self._p.add_task(phase, total=total)
-        self._p.update(self._bars[phase], completed=done, total=total)
-
-
-def _bars() -> Progress:
-    from topas_bench.cli_common import err
-
-    return Progress(
-        TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
-    )  # fmt: skip
-
-
-def _write(w: Workload, output: Path, bars: _Bars | None = None) -> None:
+def _write(w: Workload, output: Path, bars: ImportBars | None = None) -> None:
     from topas_bench.workloads.trace import dump_workload
 
     if bars is not None:
@@ -149,7 +120,7 @@ def trace_import(
       topas-bench trace import sop-2048-offline.jsonl
       topas-bench trace import tl-2048-offline.jsonl -n 50 --rate 0.002 -o tl50.jsonl
     """
-    from topas_bench.cli_common import check_not_input, check_writable_file
+    from topas_bench.cli_common import check_not_input, check_writable_file, err
     from topas_bench.workloads.lengths import METAGPT_CAP
     from topas_bench.workloads.metagpt_import import import_trace
 
@@ -157,8 +128,7 @@ def trace_import(
         raise TopasError(f"--max-tokens-cap applies only to --max-tokens cap, not {max_tokens!r}")
     target = output or _default_out(file)
     check_writable_file(check_not_input(target, {"the call trace being imported": file}, "-o"))
-    with _bars() as progress:
-        bars = _Bars(progress)
+    with ImportBars(err) as bars:
         w = import_trace(
             file, num_tasks=tasks, rate_per_s=rate, seed=seed, prefix_mode=prefix_mode,
             name=name, kv_budget_tokens=kv_budget, progress=bars, max_tokens=max_tokens,
