@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sglang.srt.managers.schedule_batch import Req  # type: ignore[import-not-found]
 from sglang.srt.managers.schedule_policy import (  # type: ignore[import-not-found]
@@ -17,12 +17,30 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore[import-not-found]
 
-from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask
+from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
 from topas_bench.schedulers.base import PrefixLocation, PrefixView
 from topas_bench.schedulers.estimator import ServiceEstimator
 
-if TYPE_CHECKING:
-    from topas_bench.runners.sglang.bridge import Bridge
+
+class ServerState(Protocol):
+    """What the view reads of a server: its queues' tracker, cache, allocator, budget and pins
+    (`bridge.Bridge` is one; a protocol, so that the view needs no import of the bridge)."""
+
+    @property
+    def tracker(self) -> Tracker: ...
+    @property
+    def tree_cache(self) -> Any: ...
+    @property
+    def allocator(self) -> Any: ...
+    @property
+    def kv_budget_tokens(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def pins(self) -> Mapping[str, Any]: ...
+    def cached(self, token_ids: Sequence[int]) -> int: ...
+    def reserved(self, running: Sequence[Req]) -> float: ...
+    def agent_in_use(self, agent: str, running: Sequence[Req]) -> bool: ...
 
 
 def device_prefix_len(tree_cache: Any, token_ids: Sequence[int]) -> int:
@@ -39,7 +57,7 @@ def device_prefix_len(tree_cache: Any, token_ids: Sequence[int]) -> int:
 class SglangView:
     """The `EngineView` of an SGLang server at one scheduling point."""
 
-    def __init__(self, bridge: Bridge, waiting: Sequence[Req], running: Sequence[Req]) -> None:
+    def __init__(self, bridge: ServerState, waiting: Sequence[Req], running: Sequence[Req]) -> None:
         self._b = bridge
         self._t = bridge.tracker
         self._waiting_reqs = waiting
