@@ -1,6 +1,6 @@
 """What verifying a stored cell costs (issue 30): for every cell of a results tree, the read the
 report did before digests (run.json, every table's Parquet footer, the tasks, decisions and
-calls tables) against `results.load_cell` (the same, plus every table's digest, run.json's own
+calls tables) against `cell.stored.load_cell` (the same, plus every table's digest, run.json's own
 and the result invariants on read), interleaved cell by cell so that the machine's load falls
 on both alike; CPU seconds, least of `--repeat`.
 
@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from topas_bench.results import TABLES, load_cell
+from topas_bench.cell.stored import load_cell
+from topas_bench.results import TABLES
 
 
 def old_read(d: Path) -> None:

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from fuzz_targets import classify, invoke
 from topas_bench.analysis.collect import collect
-from topas_bench.results import TABLES, check_cell
+from topas_bench.cell.stored import check_cell
+from topas_bench.results import TABLES
 from topas_bench.runners.sim.preset import _PRESETS
 
 FILES = (*(f"{t}.parquet" for t in TABLES), "run.json")

@@ -27,8 +27,8 @@ from typing import Any
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from topas_bench.cell.stored import check_cell
 from topas_bench.cli import app
-from topas_bench.results import check_cell
 from topas_bench.runners.sglang.metadata import KEY, encode
 from topas_bench.runners.sglang.tracker import Tracker
 from topas_bench.runners.sim.cost import CostModel, load_preset

@@ -16,7 +16,9 @@ from typing import Any
 
 import pandas as pd
 
-from topas_bench.results import RunIdentity, meta_digest, table_digest, write_run
+from topas_bench.cell.identity import RunIdentity
+from topas_bench.cell.write import write_run
+from topas_bench.results import meta_digest, table_digest
 from topas_bench.runners.records import (
     DECISION_COLUMNS,
     REQUEST_COLUMNS,

@@ -13,9 +13,10 @@ from typer.testing import CliRunner, Result
 
 from results_fixture import rewrite
 from test_metagpt_import import unwritable_dir
+from topas_bench.cell.identity import RunIdentity
 from topas_bench.cli import app
 from topas_bench.experiment import measure_capacity
-from topas_bench.results import TABLES, RunIdentity
+from topas_bench.results import TABLES
 from topas_bench.runners.engines import engine_version
 from topas_bench.runners.sim.cost import load_preset, preset_names
 from topas_bench.schedulers.registry import (

@@ -110,7 +110,7 @@ def test_json_nested_past_the_recursion_limit_is_a_problem_not_a_crash(tmp_path:
             parse(text)
         assert any(p.line in (2, 3) and "invalid JSON" in p.message for p in e.value.problems)
     (tmp_path / "run.json").write_text(DEEP_JSON)
-    from topas_bench.results import check_cell
+    from topas_bench.cell.stored import check_cell
 
     assert "unreadable run.json" in (check_cell(tmp_path) or "")
 

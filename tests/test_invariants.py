@@ -1,5 +1,5 @@
 """Result invariants (issue 24): every cell is checked before it is written, one check for
-every engine (`results.write_run` -> `invariants.check_cell`); a broken cell is a bug (exit
+every engine (`cell.write.write_run` -> `invariants.check_cell`); a broken cell is a bug (exit
 code 70, one line) and is not written. The JCT floor is the cost model's, not the unloaded JCT,
 which tasks can beat (a cluster, a prefetching policy)."""
 

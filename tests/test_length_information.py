@@ -22,10 +22,10 @@ import pytest
 from typer.testing import CliRunner
 
 from topas_bench.analysis.collect import collect, group_label
+from topas_bench.cell.identity import RunIdentity, cell_identity
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
 from topas_bench.experiment import plan_run
-from topas_bench.results import RunIdentity
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
@@ -133,7 +133,7 @@ def test_identity_names_the_setting_unless_legacy(tmp_path: Path) -> None:
     def ident(name: str, **params: Any) -> dict[str, Any]:
         plan = plan_run(RunSpec(workload=name, schedulers=("fcfs",), num_tasks=2,
                                 workload_params=params, out=tmp_path))  # fmt: skip
-        got = dict(plan.identity("fcfs").workload_params)
+        got = dict(cell_identity(plan, "fcfs").workload_params)
         # the sweep's capacity key (the same function, without generating) agrees
         assert got == identity_params(plan.workload_name, plan.workload_params)
         return got

@@ -20,7 +20,7 @@ from topas_bench.errors import TopasError
 from topas_bench.spec import RunSpec
 from topas_bench.sweep import load_specs
 from topas_bench.sweep.run import CAPACITY_FILE
-from topas_bench.sweep.units import (
+from topas_bench.units import (
     ONE_AGENT,
     check_multiple,
     load_rate,

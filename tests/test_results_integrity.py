@@ -21,8 +21,11 @@ from typer.testing import CliRunner
 from results_fixture import identity, write_fixture, write_one
 from topas_bench import results
 from topas_bench.analysis.collect import collect
+from topas_bench.cell import write
+from topas_bench.cell.stored import check_cell
+from topas_bench.cell.write import LEFTOVER_AGE_S
 from topas_bench.cli import app
-from topas_bench.results import LEFTOVER_AGE_S, RESULTS_FORMAT, check_cell, read_meta
+from topas_bench.results import RESULTS_FORMAT, read_meta
 
 TINY = ["-w", "chain3", "-s", "fcfs,lpm", "--rate", "0.05", "--seeds", "0,1", "-n", "5"]
 
@@ -120,7 +123,7 @@ def test_a_killed_writer_never_leaves_a_cell_that_looks_complete(tmp_path: Path)
     assert [p.name for p in cell.parent.iterdir()] == [cell.name] and check_cell(cell) is None
     # a writer at work on this machine keeps its own; one of unknown writer (another machine's,
     # or named before writers were) is cleared only once older than LEFTOVER_AGE_S
-    live = cell.with_name(f".{cell.name}.tmp-{os.getpid()}x{results._machine()}-abc")
+    live = cell.with_name(f".{cell.name}.tmp-{os.getpid()}x{write._machine()}-abc")
     unknown = cell.with_name(f".{cell.name}.tmp-k1d2")
     live.mkdir()
     unknown.mkdir()
@@ -150,7 +153,7 @@ def test_two_writers_of_one_cell_both_succeed(tmp_path: Path, monkeypatch: Any) 
             real_rename(first, cell)
         real_rename(src, dst)
 
-    monkeypatch.setattr(results.os, "rename", other_writer_first)
+    monkeypatch.setattr(write.os, "rename", other_writer_first)
     write_one(root, "fcfs", 0, [1, 2, 3, 4])
     assert [p.name for p in cell.parent.iterdir()] == [cell.name] and check_cell(cell) is None
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from topas_bench.cell.identity import RunIdentity
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
-from topas_bench.results import RunIdentity
 from topas_bench.runners.sglang.plugin import policy_factory
 from topas_bench.schedulers import plugins
 from topas_bench.schedulers.registry import (

@@ -19,13 +19,9 @@ from typer.testing import CliRunner
 
 from results_fixture import rewrite
 from topas_bench.analysis.collect import collect
+from topas_bench.cell.stored import check_cell, load_cell
 from topas_bench.cli import app
-from topas_bench.results import (
-    RESULTS_FORMAT,
-    TABLES,
-    check_cell,
-    load_cell,
-)
+from topas_bench.results import RESULTS_FORMAT, TABLES
 
 SWEEP = ["-w", "dag4", "-s", "fcfs,topas", "-n", "6", "--rate", "0.1", "--seeds", "0,1", "-j", "1"]
 

@@ -15,9 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from topas_bench.analysis.collect import collect
+from topas_bench.cell.stored import check_cell
 from topas_bench.cli import app
 from topas_bench.errors import TopasError
-from topas_bench.results import check_cell, is_hidden
+from topas_bench.results import is_hidden
 from topas_bench.sweep import SweepSpec, load_specs, parse_list, read_toml, run_sweep
 from topas_bench.sweep.run import CAPACITY_FILE
 

@@ -455,7 +455,7 @@ def _graphs() -> st.SearchStrategy[dict[str, list[str]]]:
 @settings(max_examples=400, deadline=None)
 @given(_graphs())
 def test_cycle_search_matches_the_reference(deps: dict[str, list[str]]) -> None:
-    from topas_bench.workloads.trace_dag import cycles as _cycles
+    from topas_bench.workloads.trace.dag import cycles as _cycles
 
     assert _cycles(deps) == _reference_cycles(deps)
 
@@ -465,7 +465,7 @@ def test_cycle_search_matches_the_reference(deps: dict[str, list[str]]) -> None:
 def test_ancestor_search_matches_the_closure(
     deps: dict[str, list[str]], data: st.DataObject
 ) -> None:
-    from topas_bench.workloads.trace_dag import is_ancestor as _is_ancestor
+    from topas_bench.workloads.trace.dag import is_ancestor as _is_ancestor
 
     def closure(sid: str) -> set[str]:
         seen: set[str] = set()

@@ -21,7 +21,6 @@ from topas_bench.sweep import SweepSpec, run_sweep
 from topas_bench.workloads.metagpt_import import for_task
 from topas_bench.workloads.model import Task, Workload
 from topas_bench.workloads.registry import WORKLOADS, generate, resolve, run_defaults
-from topas_bench.workloads.schema import schema_problems
 from topas_bench.workloads.trace import (
     TraceError,
     dump_workload,
@@ -30,6 +29,7 @@ from topas_bench.workloads.trace import (
     loads_workload,
     validate,
 )
+from topas_bench.workloads.trace.schema import schema_problems
 
 EXAMPLE = Path(__file__).parents[1] / "docs" / "examples" / "writer-reviewer.jsonl"
 

@@ -15,17 +15,18 @@ from hypothesis import HealthCheck, given, settings
 
 from fuzz_targets import VALID_TRACE, mutated_lines
 from topas_bench.errors import TopasError
-from topas_bench.workloads import trace_file, trace_stream
 from topas_bench.workloads.registry import generate
 from topas_bench.workloads.trace import (
     TraceError,
     dumps_workload,
     load_workload,
     loads_workload,
+    stream,
     validate_file,
+    workload,
 )
-from topas_bench.workloads.trace_lines import MAX_LINE_BYTES, text_lines
-from topas_bench.workloads.trace_stream import check_lines
+from topas_bench.workloads.trace.read import MAX_LINE_BYTES, text_lines
+from topas_bench.workloads.trace.stream import check_lines
 
 EXAMPLE = Path(__file__).parents[1] / "docs" / "examples" / "writer-reviewer.jsonl"
 
@@ -85,7 +86,7 @@ def test_a_key_with_two_lengths_in_two_tasks_is_named_in_every_mode(tmp_path: Pa
 def test_hash_collisions_are_told_apart_by_a_second_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trace_stream, "hash", lambda _: 7, raising=False)  # every key collides
+    monkeypatch.setattr(stream, "hash", lambda _: 7, raising=False)  # every key collides
     path = _write(tmp_path / "w.jsonl", dumps_workload(generate("dag4", num_tasks=20, seed=1)))
     assert validate_file(path).tasks == 20
     bad = _write(tmp_path / "bad.jsonl", _two_tasks_sharing((50, 51)))
@@ -137,7 +138,7 @@ def test_a_header_without_tasks_is_refused_everywhere(tmp_path: Path) -> None:
         with pytest.raises(TraceError, match="the trace has no tasks"):
             check(path)
     with pytest.raises(TraceError, match="the trace has no tasks"):
-        trace_file.defaults({"file": str(path)})
+        workload.defaults({"file": str(path)})
 
 
 def test_a_line_past_the_limit_is_a_problem_not_a_memory_spike(tmp_path: Path) -> None:
@@ -190,7 +191,7 @@ def test_run_reads_only_the_first_tasks_of_a_big_file(tmp_path: Path) -> None:
     last = json.loads(lines[-1])
     last["stages"][0]["agent"] = "nobody"
     _write(path, "\n".join([*lines[:-1], json.dumps(last, separators=(",", ":"))]) + "\n")
-    trace_file._scan.cache_clear()
+    workload._scan.cache_clear()
     assert generate(str(path), num_tasks=10).tasks == full.tasks[:10]
     with pytest.raises(TraceError, match="unknown agent 'nobody'"):
         generate(str(path), num_tasks=40)

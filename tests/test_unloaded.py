@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from topas_bench.plan import workload_digest
+from topas_bench.cell.identity import workload_digest
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import load_preset
 from topas_bench.unloaded import Memo, unloaded_jct

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from topas_bench import cli_analysis, cli_fidelity, cli_run, cli_site, cli_tune
+from topas_bench import cli_analysis, cli_fidelity, cli_gpu, cli_run, cli_site, cli_tune
 from topas_bench.cli_common import (
     check_not_input,
     check_writable_file,
@@ -23,7 +23,6 @@ from topas_bench.cli_common import (
 from topas_bench.cli_help import ReflowGroup
 from topas_bench.cli_history import history_app
 from topas_bench.recorder.cli import trace_app
-from topas_bench.runners.sglang import cli as sglang_cli
 
 app = typer.Typer(
     cls=ReflowGroup,
@@ -279,7 +278,7 @@ cli_tune.register(app)
 cli_analysis.register(app)
 cli_fidelity.register(app)
 cli_site.register(app)
-sglang_cli.register(app)
+cli_gpu.register(app)
 
 
 def main() -> None:

@@ -384,7 +384,7 @@ def sweep(
 
 def _multiples(text: str) -> list[Any]:
     from topas_bench.sweep import parse_list
-    from topas_bench.sweep.units import ONE_AGENT
+    from topas_bench.units import ONE_AGENT
 
     parts = [p.strip() for p in text.split(",")]
     flag = "--kv-budget-multiples"

@@ -13,10 +13,12 @@ import functools
 import math
 from typing import Any
 
+from topas_bench.cell.identity import trace_digest, workload_digest
+from topas_bench.cell.stored import CellResult
 from topas_bench.errors import TopasError
 from topas_bench.harness import run_cell
 from topas_bench.horizon import FIX_PRESET, LIMIT, check_plan, too_far
-from topas_bench.plan import CellResult, RunPlan, stored_cell, trace_digest, workload_digest
+from topas_bench.plan import RunPlan
 from topas_bench.progress import Progress
 from topas_bench.runners.engines import ENGINES
 from topas_bench.runners.sim.config import SimConfig, check_fits
@@ -27,7 +29,7 @@ from topas_bench.sizing import ESTIMATE_ABOVE_TASKS, check_run
 from topas_bench.spec import RunSpec
 from topas_bench.workloads.registry import DEFAULT_RATE_PRESET, generate, resolve, run_defaults
 from topas_bench.workloads.trace import validate
-from topas_bench.workloads.trace_parse import MAX_TIME_S
+from topas_bench.workloads.trace.parse import MAX_TIME_S
 
 #: Capacity probe (see `measure_capacity`): sample size, JCT inflation at the knee, precision.
 CAPACITY_PROBE_TASKS = 200
@@ -232,5 +234,5 @@ def _measure_capacity(
 
 __all__ = [
     "BASELINES", "CellResult", "RunPlan", "measure_capacity", "plan_run", "run_cell", "run_plan",
-    "stored_cell", "trace_digest", "workload_digest",
+    "trace_digest", "workload_digest",
 ]  # fmt: skip

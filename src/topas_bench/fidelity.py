@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from topas_bench.cell.stored import CellResult
 from topas_bench.experiment import plan_run
 from topas_bench.harness import run_cell, run_cells
-from topas_bench.plan import CellResult, RunPlan
+from topas_bench.plan import RunPlan
 from topas_bench.results import read_table
 from topas_bench.runners.sglang_cpu.options import ReferenceOptions
 from topas_bench.spec import RunSpec

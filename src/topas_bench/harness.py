@@ -1,10 +1,11 @@
 """The one run harness: every engine's cells go through it (docs/design.md, "The seams").
 
-For each scheduler of a plan it works out the cell's identity and directory, reuses a stored
-cell of that identity unless forced, and asks the plan's engine to serve the rest
-(`plan.Server.serve`: the engine returns tables, nothing else). Then, the same for every engine:
-each task's unloaded JCT (`unloaded`), the summary (`analysis.metrics.run_info`), the run
-information and the writing, checked against the workload's JCT floors (`results.write_run`).
+For each scheduler of a plan it looks the cell up (`cell.stored.lookup`: its identity and
+directory), reuses a stored cell of that identity unless forced, and asks the plan's engine to
+serve the rest (`plan.Server.serve`: the engine returns tables, nothing else). Then, the same for
+every engine: each task's unloaded JCT (`unloaded`), the summary (`analysis.metrics.run_info`),
+the run information and the writing, checked against the workload's JCT floors
+(`cell.write.write_run`).
 """
 
 from __future__ import annotations
@@ -13,19 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from topas_bench.analysis.metrics import RunTables, run_info
+from topas_bench.cell.identity import cell_identity, workload_digest
+from topas_bench.cell.stored import CellResult, cached_cell, lookup
+from topas_bench.cell.write import write_run
 from topas_bench.errors import TopasError
 from topas_bench.horizon import check_served
 from topas_bench.invariants import cost_floor, jct_floors, no_floor
-from topas_bench.plan import (
-    Cell,
-    CellProgress,
-    CellResult,
-    RunPlan,
-    Served,
-    cached_cell,
-    workload_digest,
-)
-from topas_bench.results import TABLES, check_cell, is_finished, write_run
+from topas_bench.plan import Cell, CellProgress, RunPlan, Served
+from topas_bench.results import TABLES
 from topas_bench.runners.engines import ENGINES
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.unloaded import with_unloaded_jct
@@ -55,21 +51,20 @@ def run_cells(
     """Every scheduler's cell of `plan`, in order: the stored result of a cell with the same
     identity and workload sample, unless `force`; else served by the plan's engine, all
     pending cells in one call (`progress(i, done)` counts the i-th pending cell's tasks).
-    `compact` stores new cells' tables smaller (`results.write_run`)."""
+    `compact` stores new cells' tables smaller (`cell.write.write_run`)."""
     digest = workload_digest(plan.workload)
     results: dict[str, CellResult] = {}
     pending: list[Cell] = []
     redone: dict[str, str] = {}
     for name in schedulers:
-        run_dir = plan.identity(name).run_dir(plan.out)
-        why = None if force else check_cell(run_dir, digest, require_digests=True)
-        if not force and why is None:
-            results[name] = cached_cell(name, run_dir)
+        found = lookup(plan, name, digest, force=force)
+        if found.reusable:
+            results[name] = cached_cell(name, found.run_dir)
             continue
-        if why is not None and is_finished(run_dir):  # stale or corrupt: start afresh
-            redone[name] = why
+        if found.redone is not None:  # stale or corrupt: start afresh
+            redone[name] = found.redone
         params = plan.scheduler_params.get(name, {})
-        pending.append(Cell(name, params, run_dir, fresh=force or is_finished(run_dir)))
+        pending.append(Cell(name, params, found.run_dir, fresh=found.fresh))
     if pending:
         served = ENGINES.get(plan.engine).server().serve(plan, pending, progress)
         for cell, out in zip(pending, served, strict=True):
@@ -111,7 +106,7 @@ def _store(
     }
     # a real server's speed is unknown: only the client's own delays bound a JCT
     floor = no_floor if plan.options.real_server else cost_floor(CostModel(plan.preset))
-    ident = plan.identity(cell.scheduler)
+    ident = cell_identity(plan, cell.scheduler)
     floors = jct_floors(plan.workload, floor)
     write_run(cell.run_dir, ident, tables, info, jct_floor_s=floors, compact=compact)
     return CellResult(

@@ -4,7 +4,7 @@ A run's clock is a float64 of seconds. Its rounding grows with its magnitude: a 
 0.12 microseconds at 1e9 s, 0.12 ms at 1e12 s, and a call's service time vanishes at 1e301 s.
 Every time a run can reach is therefore bounded by the clock limit `MAX_TIME_S` (1e9 s, 31.7
 years, where events accumulating rounding still leave JCTs exact to well under 1 ms), which is
-also the most a trace's times may be (`workloads.trace_parse`); and the clock must resolve
+also the most a trace's times may be (`workloads.trace.parse`); and the clock must resolve
 `RESOLUTION_S` (1 ms) at the horizon, which the limit implies (1 ms is lost only past 2^43 s,
 8.8e12 s) and which is checked all the same.
 
@@ -31,7 +31,7 @@ import pandas as pd
 from topas_bench.errors import TopasError
 from topas_bench.invariants import cost_floor, jct_floors, no_floor
 from topas_bench.workloads.model import Workload
-from topas_bench.workloads.trace_parse import MAX_TIME_S
+from topas_bench.workloads.trace.parse import MAX_TIME_S
 
 if TYPE_CHECKING:
     from topas_bench.runners.sim.cost import CostModel

@@ -1,7 +1,7 @@
 """What every result cell must satisfy before it is written: a cell that breaks one is a bug,
 reported as one (exit code 70), and never stored as a result.
 
-`results.write_run` calls `check_cell` on every cell of every engine, before anything touches
+`cell.write.write_run` calls `check_cell` on every cell of every engine, before anything touches
 the disk. The writer gives each task's JCT floor (`jct_floors`): the longest path through the
 task's DAG of each call's least possible time plus its `delay_s`. A call's least time
 (`call_floor`) is, on the engines that time calls with the cost model (`sim`, its cluster,
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.workloads.model import Stage, Task, Workload
-from topas_bench.workloads.trace_parse import MAX_TIME_S
+from topas_bench.workloads.trace.parse import MAX_TIME_S
 
 if TYPE_CHECKING:
     from topas_bench.runners.sim.cost import CostModel

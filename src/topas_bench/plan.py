@@ -1,14 +1,14 @@
-"""The types every engine and the harness share: a run plan, the server contract, a cell's result.
+"""The types every engine and the harness share: a run plan (what to run), the server contract.
 
 They live below the engines (docs/design.md, "The seams"): an engine (`Server`) serves a plan's
 workload under each policy it is handed and returns the tables (`Served`); the harness
-(`harness.py`) owns everything else about a cell: its identity, reuse, the unloaded JCT, the
-summary and the writing. `experiment.plan_run` builds plans from a `spec.RunSpec`.
+(`harness.py`) owns everything else about a cell: the unloaded JCT and the summary, and, through
+the `cell` package, its identity, reuse and writing. `experiment.plan_run` builds plans from a
+`spec.RunSpec`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +16,9 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from topas_bench.results import RunIdentity, read_meta, reusable
 from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.sim.config import SimConfig, SimOptions
 from topas_bench.runners.sim.cost import Preset
-from topas_bench.schedulers.registry import source
 from topas_bench.spec import EngineOptions, RunSpec
 from topas_bench.workloads.lengths import identity_params
 from topas_bench.workloads.model import Workload
@@ -49,7 +47,7 @@ class RunPlan:
     options: EngineOptions = field(default_factory=SimOptions)
     #: N replicas behind a router (`--replicas`, `--router`); None: one server.
     cluster: ClusterConfig | None = None
-    #: The schedulers whose best saturation rate `load` is a fraction of (`sweep.units`).
+    #: The schedulers whose best saturation rate `load` is a fraction of (`units`).
     load_reference: tuple[str, ...] = ("fcfs",)
 
     @property
@@ -63,46 +61,6 @@ class RunPlan:
         setting (`workloads.lengths`) as the workload was generated, named unless it is the
         one cells made before the setting existed used (so those keep their identities)."""
         return identity_params(self.workload_name, self.workload_params, self.workload.params)
-
-    def identity(self, scheduler: str) -> RunIdentity:
-        """The identity of `scheduler`'s cell: the run's inputs, the engine and its version,
-        and what the engine adds (`EngineOptions.engine_params`: simulator settings that
-        differ from their defaults, a real server's model and arguments; a cluster's setting).
-        A real server sizes its own KV pool when no budget is given: its cells record 0. A
-        plugin scheduler's cells also record its distribution and version."""
-        engine_params = self.options.engine_params(self.sim)
-        if self.cluster is not None:
-            engine_params.update(self.cluster.engine_params())
-        own_budget = self.options.real_server and self.kv_budget_derived
-        return RunIdentity(
-            workload=self.workload_name,
-            num_tasks=self.num_tasks,
-            rate_per_s=self.rate_per_s,
-            seed=self.seed,
-            scheduler=scheduler,
-            preset=self.preset.name,
-            kv_budget_tokens=0 if own_budget else self.kv_budget_tokens,
-            engine=self.engine,
-            engine_version=self.options.version,
-            workload_params=self.identity_workload_params,
-            scheduler_params=dict(self.scheduler_params.get(scheduler, {})),
-            engine_params=engine_params,
-            scheduler_source=source(scheduler),
-        )
-
-
-@dataclass(frozen=True)
-class CellResult:
-    scheduler: str
-    run_dir: Path
-    summary: dict[str, float]
-    sim_time_s: float
-    wall_s: float
-    cached: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: why the stored cell of this identity was not reused but run again (corrupt, stale, too
-    #: old to verify: `results.check_cell`), or None
-    redone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,8 +83,8 @@ class Served:
     """What an engine returns for one cell: the record tables (`results.TABLES`, the columns
     of `runners.records`), the counters the summary reads, simulated (or measured) and wall
     seconds, and what else the cell records: `info` (more `run.json` fields), `extra`
-    (`CellResult.extra`). `failed` (an error message) marks a partial result: its tables are
-    kept in the cell's directory without `run.json`, and the error is raised."""
+    (`cell.stored.CellResult.extra`). `failed` (an error message) marks a partial result: its
+    tables are kept in the cell's directory without `run.json`, and the error is raised."""
 
     tables: dict[str, pd.DataFrame]
     counters: dict[str, float]
@@ -164,31 +122,3 @@ class Server(Protocol):
     def serve(
         self, plan: RunPlan, cells: Sequence[Cell], progress: CellProgress | None
     ) -> Iterator[Served]: ...
-
-
-def stored_cell(scheduler: str, run_dir: Path, digest: str) -> CellResult | None:
-    """The stored result in `run_dir` if it is a finished run of the same workload sample
-    (`results.reusable`), else None."""
-    if not reusable(run_dir, digest):
-        return None
-    return cached_cell(scheduler, run_dir)
-
-
-def cached_cell(scheduler: str, run_dir: Path) -> CellResult:
-    """The result of a stored cell already verified (`results.check_cell`), from run.json."""
-    meta = read_meta(run_dir)
-    return CellResult(
-        scheduler, run_dir, meta["summary"], meta["sim_time_s"], meta["wall_s"], cached=True
-    )
-
-
-def workload_digest(w: Workload) -> str:
-    from topas_bench.workloads.trace import dumps_workload
-
-    return trace_digest(dumps_workload(w))
-
-
-def trace_digest(trace: str) -> str:
-    """The digest of a workload's trace text (`dumps_workload`): `workload_digest` without
-    serialising again when the text is at hand."""
-    return hashlib.sha256(trace.encode()).hexdigest()[:16]

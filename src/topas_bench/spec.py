@@ -29,7 +29,7 @@ from topas_bench.schedulers.registry import (
     SGLANG_STOCK,
     make_policy,
 )
-from topas_bench.workloads.trace_parse import MAX_TOKENS
+from topas_bench.workloads.trace.parse import MAX_TOKENS
 
 #: An engine's own settings (`runners.engines.Engine.options`).
 EngineOptions = SimOptions | ReferenceOptions | SglangOptions
@@ -93,11 +93,11 @@ class RunSpec:
     num_tasks: None takes the workload's default (200; a trace file: all of its tasks).
     rate_per_s or load (a fraction of the measured capacity), or neither (the workload's
         default rate); with a cluster both are per replica. load_reference: the schedulers
-        whose best saturation rate a load is a fraction of (`sweep.units`; default FCFS's).
+        whose best saturation rate a load is a fraction of (`units`; default FCFS's).
     preset: a name or a preset file; kv_budget_tokens: None takes the preset's derived budget.
     cluster: N replicas behind a router, or None (one server).
     engine: the engine and its own settings.
-    out: the results root (`results.RunIdentity.run_dir`).
+    out: the results root (`cell.identity.RunIdentity.run_dir`).
     """
 
     workload: str

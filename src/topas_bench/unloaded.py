@@ -95,6 +95,6 @@ def with_unloaded_jct(
     tasks: pd.DataFrame, w: Workload, preset: Preset, sim: SimConfig, digest: str | None = None
 ) -> pd.DataFrame:
     """`tasks` with the column `unloaded_jct_s`; given the sample's `digest`
-    (`plan.workload_digest`), remembered for the next cell of the same sample (`MEMO`)."""
+    (`cell.identity.workload_digest`), remembered for the next cell of the same sample (`MEMO`)."""
     solo = MEMO.get(digest, w, preset, sim) if digest else unloaded_jct(w, preset, sim)
     return tasks.assign(unloaded_jct_s=tasks["task_id"].map(solo).astype(float))

@@ -1,13 +1,13 @@
 """Read a results tree into one row per run (docs/design.md section 8: analysis only reads files).
 
-A run directory is taken only when it is whole and verified (`results.load_cell`): `run.json`
+A run directory is taken only when it is whole and verified (`cell.stored.load_cell`): `run.json`
 readable with an identity that matches the directory's name, every table present, matching the
 digest run.json records and with its row count, and the result invariants holding on the tables
 read (`invariants.check_stored`: one task row per task of the identity, times finite and
 ordered, JCT > 0, ...). Anything else is reported as a problem and left out, never mixed in
 (the CLI refuses to report a tree with problems unless told to skip them). Runs of a format
 before table digests are taken unverified and listed in `Collection.unverified`. Directories
-whose names start with a dot (cells being written, `results.write_run`) are not results and
+whose names start with a dot (cells being written, `cell.write.write_run`) are not results and
 are not looked at. Runs of one group (same identity but scheduler) and seed must share the
 workload sample (`workload_digest`); when they do not, the tree is an error, not a
 comparison. `check_revisions` tells whether the runs come
@@ -29,8 +29,10 @@ import numpy as np
 import pandas as pd
 
 from topas_bench.analysis.metrics import RunTables, Slo, mechanism, stage_summary, summarize
+from topas_bench.cell.identity import RunIdentity
+from topas_bench.cell.stored import CellError, load_cell
 from topas_bench.errors import TopasError
-from topas_bench.results import TABLES, CellError, RunIdentity, is_hidden, load_cell
+from topas_bench.results import TABLES, is_hidden
 from topas_bench.workloads import lengths
 
 #: Identity fields that vary within a group, i.e. are not part of the group key.

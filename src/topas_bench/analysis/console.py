@@ -17,7 +17,8 @@ from topas_bench.workloads.model import Workload
 from topas_bench.workloads.registry import WORKLOADS
 
 if TYPE_CHECKING:
-    from topas_bench.plan import CellResult, RunPlan
+    from topas_bench.cell.stored import CellResult
+    from topas_bench.plan import RunPlan
 
 RUN_COLUMNS = (
     ("tasks", "tasks"),

@@ -4,7 +4,7 @@ output length (`results/regime-map.toml`; docs/evaluation.md, "Regime map: how t
 `regime_table` reads one row per run (`protocol.COMPACT`: a report's `runs`, or the committed
 `runs.csv.gz`) and has one row per TOPAS group of every workload whose runs span >= 2 KV
 budgets and >= 2 loads (or rates): the cell's setting (output scale, KV budget in tokens and
-as a multiple of the agent-prefix working set, `sweep.units`, load and rate), TOPAS's mean and
+as a multiple of the agent-prefix working set, `units`, load and rate), TOPAS's mean and
 p99 JCT margin over the best other scheduler of the group (the lowest seed-averaged value of
 any scheduler that is neither TOPAS nor one of its variants, each in its tuned form where the
 group has one: `protocol.representatives`), TOPAS's margin over each of its ablations present

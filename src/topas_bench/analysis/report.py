@@ -165,9 +165,9 @@ def compact_runs(runs: pd.DataFrame, tuned: Tuned | None = None) -> pd.DataFrame
 
 
 def kv_multiple(ident: dict[str, Any], budget: int) -> float:
-    """A KV budget as a multiple of its workload's agent-prefix working set (`sweep.units`);
+    """A KV budget as a multiple of its workload's agent-prefix working set (`units`);
     NaN when the workload cannot be read (e.g. a trace file that is gone)."""
-    from topas_bench.sweep.units import working_set
+    from topas_bench.units import working_set
 
     try:
         ws = working_set(str(ident["workload"]), dict(ident.get("workload_params", {})))

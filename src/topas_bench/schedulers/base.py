@@ -13,14 +13,13 @@ register the class in `topas_bench.schedulers.registry`. That is the whole cost 
 
 The policy API: this module is a policy author's one import (`__all__`). Besides what it
 defines (`Policy`, `OrderingPolicy`, `Decision`, `Standing`, `ProvesStanding`, `ServerNeeds`,
-`Capabilities`, `ContextAction`, `DROP`), it re-exports what a policy reads and checks, from
-where it lives: the engine view (`EngineView`, `TaskView`, `PrefixView`, `PrefixLocation`;
-`view.py`), the requests and stages in it (`RequestView`, `StageView`, `StageState`;
-`request.py`), the service estimator (`ServiceEstimator`; `estimator.py`), the eviction
-policies a server may run (`EVICTION_POLICIES`; `runners/sim/evict.py`) and a parameter's
-checks (`InvalidParameter`, `reject_unknown`, `require_number`, `require_int`, `require_bool`,
-`MAX_NUMBER`, `MAX_INT`; `validate.py`). The project's own modules import a name from where it
-lives.
+`Capabilities`, `ContextAction`, `DROP`, `EVICTION_POLICIES`), it re-exports what a policy
+reads and checks, from where it lives: the engine view (`EngineView`, `TaskView`, `PrefixView`,
+`PrefixLocation`; `view.py`), the requests and stages in it (`RequestView`, `StageView`,
+`StageState`; `request.py`), the service estimator (`ServiceEstimator`; `estimator.py`) and a
+parameter's checks (`InvalidParameter`, `reject_unknown`, `require_number`, `require_int`,
+`require_bool`, `MAX_NUMBER`, `MAX_INT`; `validate.py`). The project's own modules import a
+name from where it lives.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from topas_bench.runners.sim.evict import POLICIES as EVICTION_POLICIES
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.request import RequestView, StageState, StageView
 from topas_bench.schedulers.validate import (
@@ -44,6 +42,10 @@ from topas_bench.schedulers.validate import (
     require_number,
 )
 from topas_bench.schedulers.view import EngineView, PrefixLocation, PrefixView, TaskView
+
+#: SGLang 0.5.23's `--radix-eviction-policy` choices the engines mirror (`ServerNeeds.eviction`;
+#: the simulator's orders: `runners.sim.evict`).
+EVICTION_POLICIES = ("lru", "lfu", "slru", "priority")
 
 
 @dataclass(frozen=True, slots=True)

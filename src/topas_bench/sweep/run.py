@@ -2,8 +2,8 @@
 
 A cell is (group, scheduler). Its directory derives from its identity (`RunIdentity.run_dir`),
 so a finished cell is skipped unless `force`, and a killed sweep resumes with nothing lost or
-duplicated: cells are written whole or not at all (`results.write_run`), so an unfinished one
-is simply run again. Every stored cell is verified before it is skipped (`results.check_cell`:
+duplicated: cells are written whole or not at all (`cell.write.write_run`), so an unfinished one
+is simply run again. Every stored cell is verified before it is skipped (`cell.stored.lookup`:
 run.json and every table matching their digests, row counts, the result invariants, the same
 workload sample); a corrupt or stale one, or one too old to verify, is run again and reported
 in `SweepResult.redone`.
@@ -29,17 +29,18 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from topas_bench.cell.identity import cell_identity, trace_digest, workload_digest
+from topas_bench.cell.stored import lookup
 from topas_bench.errors import TopasError
 from topas_bench.experiment import measure_capacity, plan_run
 from topas_bench.harness import run_cell
-from topas_bench.plan import RunPlan, trace_digest, workload_digest
+from topas_bench.plan import RunPlan
 from topas_bench.progress import Progress
-from topas_bench.results import check_cell, is_finished
 from topas_bench.runners.sim.cost import Preset, load_preset
 from topas_bench.spec import RunSpec
 from topas_bench.sweep.executors import Executor, make_executor
 from topas_bench.sweep.spec import SweepSpec
-from topas_bench.sweep.units import reference_rate
+from topas_bench.units import reference_rate
 from topas_bench.workloads.lengths import generation_params
 from topas_bench.workloads.registry import identity_params, resolve, run_defaults
 from topas_bench.workloads.trace import dumps_workload, loads_workload
@@ -145,7 +146,7 @@ def run_sweep(
     allow_large: bool = False,
 ) -> SweepResult:
     """Run every cell of `specs` that has no finished result under `out` (all with `force`);
-    `compact` stores the tables smaller (`results.write_run`). A large sweep's memory and time
+    `compact` stores the tables smaller (`cell.write.write_run`). A large sweep's memory and time
     are estimated before its workloads are sampled (`_check_size`); one too large for this
     machine is refused unless `allow_large`."""
     progress = progress or Progress()
@@ -167,14 +168,12 @@ def run_sweep(
             if sample not in traces:
                 trace = dumps_workload(plan.workload)
                 traces[sample] = (trace, trace_digest(trace))
-            run_dir = plan.identity(scheduler).run_dir(out)
-            if not force:
-                problem = check_cell(run_dir, traces[sample][1], require_digests=True)
-                if problem is None:
-                    result.skipped += 1
-                    continue
-                if is_finished(run_dir):
-                    result.redone.append((run_dir, problem))
+            found = lookup(plan, scheduler, traces[sample][1], force=force)
+            if found.reusable:
+                result.skipped += 1
+                continue
+            if found.redone is not None:
+                result.redone.append((found.run_dir, found.redone))
             todo.append(_job(plan, scheduler, force, compact, *traces[sample]))
         progress.phase("cells", len(todo))
         for outcome in ex.imap_unordered(run_cell_job, todo):
@@ -354,7 +353,7 @@ def _plans(runs: Sequence[RunSpec], caps: Mapping[CapacityKey, float]) -> list[t
             cap = reference_capacity(run, caps) if run.load is not None else None
             plan = sampled[group] = plan_run(run, capacity_tps=cap)
         for s in plan.schedulers:
-            cells.setdefault(plan.identity(s).run_dir(run.out), (plan, s))
+            cells.setdefault(cell_identity(plan, s).run_dir(run.out), (plan, s))
     return list(cells.values())
 
 

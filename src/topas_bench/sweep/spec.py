@@ -70,8 +70,8 @@ from topas_bench.errors import TopasError, not_utf8
 from topas_bench.runners.cluster.config import ClusterConfig
 from topas_bench.runners.sim.config import LengthHint, SimOptions
 from topas_bench.spec import DEFAULT_LOAD_REFERENCE, DEFAULT_PRESET, RunSpec, parse_schedulers
-from topas_bench.sweep.units import ONE_AGENT, Multiple, check_multiple, working_set
 from topas_bench.tuned import TunedSet, load_tuned
+from topas_bench.units import ONE_AGENT, Multiple, check_multiple, working_set
 from topas_bench.workloads.registry import OUTPUT_SCALE, run_defaults
 
 KEYS = (

@@ -43,7 +43,8 @@ import numpy as np
 from topas_bench.errors import TopasError
 from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
 from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
-from topas_bench.workloads.registry import build_workload, check_params, uniform_tokens
+from topas_bench.workloads.params import check_params
+from topas_bench.workloads.registry import build_workload, uniform_tokens
 
 Range = tuple[int, int]
 

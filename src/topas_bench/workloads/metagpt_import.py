@@ -3,7 +3,7 @@
 Input: a recorded call trace, one LLM call per JSONL line (`metagpt_calls`: tests/data/metagpt's
 recordings and the recorder's output); every malformed line is reported with its line number.
 
-Output: a workload (`workloads/trace.py` format) with the recorded job as one task, or
+Output: a workload (`workloads/trace/` format) with the recorded job as one task, or
 replicated as ``num_tasks`` tasks with Poisson arrivals at ``rate_per_s``. Each call is a stage
 ``c<id>``, kind = its action:
 

@@ -57,7 +57,8 @@ from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
 from topas_bench.workloads.metagpt import ARCH, ENG, PM, PREFIX_MODES, PROJ, TL, check_prefix_mode
 from topas_bench.workloads.metagpt_ideas import delay_s, sample_idea
 from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
-from topas_bench.workloads.registry import build_workload, check_params, uniform_tokens
+from topas_bench.workloads.params import check_params
+from topas_bench.workloads.registry import build_workload, uniform_tokens
 
 Range = tuple[int, int]
 Message = tuple[Segment, ...]

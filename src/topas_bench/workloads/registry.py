@@ -19,7 +19,7 @@ n tasks are the same for any `num_tasks` >= n, and a different rate only rescale
 times (the contents stay identical), which keeps load sweeps comparable.
 
 Any name a workload is given by may also be a trace file's path (`resolve`): it runs as the
-`trace` workload (`trace_file`) with ``file`` set, so `run -w my-trace.jsonl` and sweep files
+`trace` workload (`trace.workload`) with ``file`` set, so `run -w my-trace.jsonl` and sweep files
 take files like names.
 
 Adding a workload = one generator module + one line below.
@@ -27,12 +27,11 @@ Adding a workload = one generator module + one line below.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -41,7 +40,8 @@ from topas_bench.registry import Registry
 from topas_bench.workloads import lengths
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, output_key
-from topas_bench.workloads.trace_lines import path_problem
+from topas_bench.workloads.params import number, parse_params, positive_int
+from topas_bench.workloads.trace.read import path_problem
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -161,13 +161,13 @@ def build_workload(
     whose params have ``max_tokens`` (and ``max_tokens_cap``) gets its stages' `max_new_tokens`
     set here (`lengths`), so generators write exact lengths and never the cap.
     """
-    num_tasks = _positive_int(name, "num_tasks", num_tasks)
-    rate_per_s = _float(name, "rate_per_s", rate_per_s)
-    seed = _positive_int(name, "seed", seed, minimum=0)
+    num_tasks = positive_int(name, "num_tasks", num_tasks)
+    rate_per_s = number(name, "rate_per_s", rate_per_s)
+    seed = positive_int(name, "seed", seed, minimum=0)
     overrides = dict(overrides)
     scale = None
     if OUTPUT_SCALE in overrides:
-        scale = _float(name, OUTPUT_SCALE, overrides.pop(OUTPUT_SCALE))
+        scale = number(name, OUTPUT_SCALE, overrides.pop(OUTPUT_SCALE))
     params = parse_params(name, params_cls, overrides, (OUTPUT_SCALE,))
     mode = getattr(params, lengths.MODE, None)
     if mode is not None:
@@ -215,84 +215,9 @@ def scale_outputs(stages: tuple[Stage, ...], task_id: str, scale: float) -> tupl
     return tuple(result)
 
 
-def parse_params(
-    workload: str, params_cls: type[P], overrides: Mapping[str, Any], extra: tuple[str, ...] = ()
-) -> P:
-    """`params_cls(**overrides)`, with one-line errors naming the parameter and the valid ones
-    (with `extra`, those the caller took out of `overrides` before)."""
-    valid = [f.name for f in fields(params_cls)]
-    for key in overrides:
-        if key not in valid:
-            raise TopasError(
-                f"workload {workload!r}: unknown parameter {key!r}; valid: "
-                f"{', '.join([*valid, *extra])}"
-            )
-    try:
-        return params_cls(**overrides)
-    except TopasError as e:
-        raise TopasError(f"workload {workload!r}: {e}") from None
-
-
-def check_params(params: DataclassInstance) -> None:
-    """Validate and normalise a frozen params dataclass in place (call from `__post_init__`).
-
-    A field's kind is read from its default: an ``int`` is a positive token count; a
-    ``tuple`` is an inclusive ``(low, high)`` token range, 0 < low <= high, which may also be
-    given as a list or as one int (a fixed length); a ``float`` (a delay) is finite and >= 0.
-    """
-    for f in fields(params):
-        value = getattr(params, f.name)
-        if isinstance(f.default, tuple):
-            value = _token_range(f.name, value)
-        elif isinstance(f.default, int):
-            value = _positive_int(None, f.name, value)
-        elif isinstance(f.default, float):
-            value = _float(None, f.name, value, minimum=0.0)
-        object.__setattr__(params, f.name, value)
-
-
 def uniform_tokens(rng: np.random.Generator, low_high: tuple[int, int]) -> int:
     """A length drawn uniformly from the inclusive range ``(low, high)``."""
     return int(rng.integers(low_high[0], low_high[1], endpoint=True))
-
-
-def _where(workload: str | None) -> str:
-    return f"workload {workload!r}: " if workload else ""
-
-
-def _is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
-def _positive_int(workload: str | None, name: str, value: object, minimum: int = 1) -> int:
-    if not _is_int(value) or value < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise TopasError(f"{_where(workload)}{name} must be {what}, got {value!r}")
-    return int(value)
-
-
-def _float(workload: str | None, name: str, value: object, minimum: float | None = None) -> float:
-    """A finite number > 0, or >= `minimum` when given."""
-    x = float(value) if _is_int(value) or isinstance(value, float | np.floating) else math.nan
-    if not math.isfinite(x) or (x < minimum if minimum is not None else x <= 0):
-        what = f"a number >= {minimum}" if minimum is not None else "a number > 0"
-        raise TopasError(f"{_where(workload)}{name} must be {what}, got {value!r}")
-    return x
-
-
-def _token_range(name: str, value: object) -> tuple[int, int]:
-    if _is_int(value):
-        value = (value, value)
-    if (
-        not isinstance(value, tuple | list)
-        or len(value) != 2
-        or not all(_is_int(v) for v in value)
-        or not 0 < value[0] <= value[1]
-    ):
-        raise TopasError(
-            f"{name} must be a token range (low, high) with 0 < low <= high, got {value!r}"
-        )
-    return (int(value[0]), int(value[1]))
 
 
 def _lazy(module: str, attr: str) -> MakeFn:
@@ -371,7 +296,7 @@ _add(
 
 def _trace_defaults(params: Mapping[str, Any]) -> tuple[int, float]:
     fn: Callable[[Mapping[str, Any]], tuple[int, float]]
-    fn = import_module("topas_bench.workloads.trace_file").defaults  # lazily, as `_lazy`
+    fn = import_module("topas_bench.workloads.trace.workload").defaults  # lazily, as `_lazy`
     return fn(params)
 
 
@@ -379,7 +304,7 @@ WORKLOADS.add(
     "trace",
     WorkloadSpec(
         "trace", "a trace file (-w PATH, or --workload-param file=PATH)", 0.0,
-        "its own arrivals (docs/workload-format.md)", _lazy("trace_file", "make_trace"),
+        "its own arrivals (docs/workload-format.md)", _lazy("trace.workload", "make_trace"),
         _trace_defaults, "file",
     ),
 )  # fmt: skip

@@ -30,7 +30,8 @@ import numpy as np
 
 from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
 from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
-from topas_bench.workloads.registry import MakeFn, build_workload, check_params
+from topas_bench.workloads.params import check_params
+from topas_bench.workloads.registry import MakeFn, build_workload
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ Every table links the CSV it is drawn from (under `data/`).
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +29,9 @@ from topas_bench.analysis.plotting import setting_title
 from topas_bench.analysis.protocol import best_others
 from topas_bench.analysis.report import PAPER_REDUCTIONS
 from topas_bench.analysis.site import tables
-from topas_bench.analysis.site.leaderboard import FOCUS, METRICS, leaderboards, sentence
+from topas_bench.analysis.site.board import Board, family, num, pct, rows_board, seed_text
+from topas_bench.analysis.site.leaderboard import FOCUS, leaderboards
 from topas_bench.analysis.site.sources import Source
-from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, PEERS_2026
 from topas_bench.workloads.registry import WORKLOADS
 
 #: Line charts show TOPAS and this many leaders; the rest start hidden (one click shows them).
@@ -56,148 +55,6 @@ def page_name(workload: str) -> str:
 
 def source_page(name: str) -> str:
     return f"source-{safe(name)}.html"
-
-
-def family(name: str) -> str:
-    """The scheduler's family, for colours and the chooser's presets."""
-    if name == FOCUS:
-        return "topas"
-    if name.startswith("topas"):
-        return "lever"
-    if name in BASELINES:
-        return "baseline"
-    if name in PEERS_2026:
-        return "peer-2026"
-    if name in PEERS:
-        return "peer"
-    return "other"
-
-
-def _num(v: Any) -> float | None:
-    """A JSON-safe number (None for NaN)."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) or math.isinf(f) else round(f, 6)
-
-
-def _fmt(v: Any, unit: str) -> str:
-    f = _num(v)
-    if f is None:
-        return "-"
-    return f"{f:,.1f}" if unit == "s" else f"{f:.4f}"
-
-
-def _ci(v: Any, lo: Any, hi: Any, unit: str) -> str:
-    if _num(lo) is None:
-        return _fmt(v, unit)
-    return f"{_fmt(v, unit)} [{_fmt(lo, unit)}, {_fmt(hi, unit)}]"
-
-
-def seed_text(seeds: str) -> str:
-    """`0,1,2,3` as `0-3`; other lists as they are."""
-    try:
-        n = sorted(int(x) for x in str(seeds).split(",") if x.strip())
-    except ValueError:
-        return str(seeds)
-    if len(n) > 2 and n == list(range(n[0], n[-1] + 1)):
-        return f"{n[0]}-{n[-1]}"
-    return ", ".join(map(str, n))
-
-
-def _pct(v: Any, lo: Any = None, hi: Any = None) -> str:
-    f = _num(v)
-    if f is None:
-        return "-"
-    if _num(lo) is None:
-        return f"{100 * f:+.1f}%"
-    return f"{100 * f:+.1f}% [{100 * float(lo):+.1f}, {100 * float(hi):+.1f}]"
-
-
-@dataclass
-class Board:
-    """One setting's leaderboard: every metric's ranking, its sentences and its CSV."""
-
-    id: str
-    source: Source
-    workload: str
-    group_label: str
-    rows: pd.DataFrame  # leaderboard.COLUMNS
-    setting: str
-    seeds: str
-    engine: str
-    csv: str = ""
-
-    def sentences(self) -> dict[str, str]:
-        return {m: sentence(self.rows, m) for m in METRICS}
-
-    def tables(self) -> dict[str, list[dict[str, Any]]]:
-        """Per metric, the table's rows: display text and sort keys."""
-        wide: dict[tuple[str, str, str], Any] = {
-            (str(r["metric"]), str(r["scheduler"]), k): r[k]
-            for _, r in self.rows.iterrows()
-            for k in ("value", "value_lo", "value_hi")
-        }
-        out: dict[str, list[dict[str, Any]]] = {}
-        for m, (_, lower, _, unit) in METRICS.items():
-            rows = []
-            for _, r in self.rows[self.rows["metric"] == m].sort_values("rank").iterrows():
-                s = str(r["scheduler"])
-                cells = {}
-                for mm, (_, _, _, u) in METRICS.items():
-                    v = wide.get((mm, s, "value"))
-                    text = (_ci(v, wide.get((mm, s, "value_lo")), wide.get((mm, s, "value_hi")), u)
-                            if mm == m else _fmt(v, u))  # fmt: skip
-                    cells[mm] = {"text": text, "v": _num(v)}
-                rows.append({
-                    "rank": int(r["rank"]), "scheduler": s, "family": family(s),
-                    "form": r["form"], "label": r["label"], "cells": cells,
-                    "margin": _pct(r["margin"], r["lo"], r["hi"]),
-                    "margin_v": _num(r["margin"]), "verdict": r["verdict"] or "-",
-                })  # fmt: skip
-            out[m] = rows
-            del lower, unit
-        return out
-
-    def chart(self) -> dict[str, Any]:
-        """The chart's data: per metric, each scheduler's value and interval, ranked."""
-        data: dict[str, Any] = {}
-        for m, (_, lower, label, unit) in METRICS.items():
-            b = self.rows[self.rows["metric"] == m].sort_values("rank")
-            data[m] = {
-                "label": label, "unit": unit, "lower": lower,
-                "s": list(b["scheduler"]), "f": [family(s) for s in b["scheduler"]],
-                "v": [_num(v) for v in b["value"]], "lo": [_num(v) for v in b["value_lo"]],
-                "hi": [_num(v) for v in b["value_hi"]], "verdict": list(b["verdict"]),
-                "margin": [_pct(a, lo, hi) for a, lo, hi in zip(b["margin"], b["lo"], b["hi"],
-                                                                strict=True)],
-            }  # fmt: skip
-        return data
-
-
-def _rows_board(g: pd.DataFrame) -> pd.DataFrame:
-    """A leaderboard from report rows alone (a report without per-run data): ranks and the
-    report's intervals, no paired margin and no verdict."""
-    from topas_bench.analysis.site.leaderboard import COLUMNS
-
-    g = g[~g["scheduler"].isin(ABLATIONS)]
-    records = []
-    for m, (col, lower, _, _) in METRICS.items():
-        if col not in g:
-            continue
-        d = g.sort_values(col, ascending=lower, kind="stable")
-        leader = str(d.iloc[0]["scheduler"])
-        for rank, (_, r) in enumerate(d.iterrows(), start=1):
-            records.append({
-                "workload": r["workload"], "engine": r.get("engine", ""),
-                "group_label": r["group_label"], "metric": m, "rank": rank,
-                "scheduler": r["scheduler"], "form": "", "label": r["scheduler"],
-                "value": r[col], "value_lo": r.get(f"{col}_lo"), "value_hi": r.get(f"{col}_hi"),
-                "n_seeds": r.get("n_seeds"), "leader": leader,
-                "verdict": "leader" if rank == 1 else "",
-            })  # fmt: skip
-    return pd.DataFrame(records).reindex(columns=COLUMNS)
 
 
 @dataclass
@@ -248,7 +105,7 @@ class Pages:
         else:
             board = pd.DataFrame()
         if board.empty:
-            board = _rows_board(rows[rows["group_label"] == label])
+            board = rows_board(rows[rows["group_label"] == label])
         bid = f"{safe(s.name)}-{safe(w)}"
         engine = str(first.get("engine", "")) or "sim"
         setting = setting_title(first).replace(f", engine {engine}", "")
@@ -335,9 +192,9 @@ class Pages:
             return None
         h = hit.iloc[0]
         return {
-            "mean": _pct(h["reduction_mean"], h.get("reduction_mean_lo"),
+            "mean": pct(h["reduction_mean"], h.get("reduction_mean_lo"),
                          h.get("reduction_mean_hi")),
-            "p99": _pct(h["reduction_p99"], h.get("reduction_p99_lo"), h.get("reduction_p99_hi")),
+            "p99": pct(h["reduction_p99"], h.get("reduction_p99_lo"), h.get("reduction_p99_hi")),
             "paper_mean": f"{100 * paper[0]:+.1f}%", "paper_p99": f"{100 * paper[1]:+.1f}%",
             "baseline_mean": str(h.get("best_baseline_mean", "")),
             "baseline_p99": str(h.get("best_baseline_p99", "")),
@@ -428,7 +285,7 @@ class Pages:
             if d.empty:
                 continue
             series.append({"s": r["scheduler"], "f": family(str(r["scheduler"])),
-                           "x": [_num(v) for v in d["jct_s"]], "y": [_num(v) for v in d["q"]],
+                           "x": [num(v) for v in d["jct_s"]], "y": [num(v) for v in d["q"]],
                            "shown": r["scheduler"] == FOCUS or i <= SHOWN})  # fmt: skip
         return {"series": series, "setting": b.setting} if series else {}
 
@@ -442,8 +299,8 @@ class Pages:
         out: dict[str, Any] = {}
         for m, d in lv.groupby("metric", sort=False):
             out[str(m)] = {
-                "lever": list(d["other_name"]), "margin": [_num(v) for v in d["margin"]],
-                "lo": [_num(v) for v in d["lo"]], "hi": [_num(v) for v in d["hi"]],
+                "lever": list(d["other_name"]), "margin": [num(v) for v in d["margin"]],
+                "lo": [num(v) for v in d["lo"]], "hi": [num(v) for v in d["hi"]],
                 "verdict": list(d["verdict"]), "n": len(lv),
             }  # fmt: skip
         return out
@@ -459,8 +316,8 @@ class Pages:
                  zip(b.rows["label"], b.rows["scheduler"], strict=True)}  # fmt: skip
         runs: list[dict[str, Any]] = []
         for sched, d in t.groupby("scheduler", sort=False):
-            series = {str(k): {"t": [_num(v) for v in g["t_s"]],
-                               "v": [_num(v) for v in g["value"]]}
+            series = {str(k): {"t": [num(v) for v in g["t_s"]],
+                               "v": [num(v) for v in g["value"]]}
                       for k, g in d.groupby("series", sort=False)}  # fmt: skip
             name = names.get(str(sched), str(sched).split("[")[0])
             runs.append({"s": name, "f": family(name), "series": series})
@@ -499,7 +356,7 @@ class Pages:
             "workload": r["workload"], "setting": r["group_label"], "metric": r["metric"],
             "strongest other": r["other_name"],
             "TOPAS / other (s)": f"{r['focus_value']:,.1f} / {r['other_value']:,.1f}",
-            "TOPAS's margin": _pct(r["margin"], r["lo"], r["hi"]), "verdict": r["verdict"],
+            "TOPAS's margin": pct(r["margin"], r["lo"], r["hi"]), "verdict": r["verdict"],
             "TOPAS wins / ties / losses": f"{r['n_win']} / {r['n_tie']} / {r['n_loss']}",
         } for _, r in best.iterrows()])  # fmt: skip
         table.attrs["verdicts"] = {"verdict": list(best["verdict"])}
@@ -520,7 +377,7 @@ class Pages:
             table = pd.DataFrame([{
                 "workload": r["workload"], "lever off": r["other_name"], "metric": r["metric"],
                 "TOPAS / lever off (s)": f"{r['focus_value']:,.1f} / {r['other_value']:,.1f}",
-                "what the lever is worth": _pct(r["margin"], r["lo"], r["hi"]),
+                "what the lever is worth": pct(r["margin"], r["lo"], r["hi"]),
                 "verdict": r["verdict"], "setting": r["group_label"],
             } for _, r in lv.iterrows()])  # fmt: skip
             table.attrs["verdicts"] = {"verdict": list(lv["verdict"])}
@@ -529,8 +386,8 @@ class Pages:
             data[sid] = {
                 m: {"x": [f"{w}: {o}" for w, o in zip(d["workload"], d["other_name"],
                                                        strict=True)],
-                    "margin": [_num(v) for v in d["margin"]], "lo": [_num(v) for v in d["lo"]],
-                    "hi": [_num(v) for v in d["hi"]], "verdict": list(d["verdict"])}
+                    "margin": [num(v) for v in d["margin"]], "lo": [num(v) for v in d["lo"]],
+                    "hi": [num(v) for v in d["hi"]], "verdict": list(d["verdict"])}
                 for m, d in plot.groupby("metric", sort=False)
             }  # fmt: skip
             sections.append({"id": sid, "source": self._facts(s), "n": len(lv),

@@ -43,6 +43,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_probe(python: str, probe: str, flag: str) -> subprocess.CompletedProcess[str]:
+    """`python -c probe` (a minute at most), its output captured; an interpreter that cannot
+    be started is one line naming `flag`."""
+    try:
+        return subprocess.run(
+            [python, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TopasError(f"{flag} {python}: cannot run it ({e})") from None
+
+
 def check_server_python(python: str, flag: str) -> None:
     """Fail before launching when `python` cannot run the plugin: it must import SGLang and
     topas-bench (the plugin registers through topas-bench's entry point)."""
@@ -52,12 +63,7 @@ def check_server_python(python: str, flag: str) -> None:
         "import importlib.util as u; "
         "print(' '.join(m for m in ('sglang', 'topas_bench') if u.find_spec(m) is None))"
     )
-    try:
-        res = subprocess.run(
-            [python, "-c", probe], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise TopasError(f"{flag} {python}: cannot run it ({e})") from None
+    res = run_probe(python, probe, flag)
     missing = res.stdout.split() if res.returncode == 0 else ["(the interpreter failed)"]
     if missing:
         raise TopasError(

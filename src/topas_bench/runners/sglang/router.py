@@ -15,7 +15,6 @@ The router has no `/tokenize`: the client asks a worker directly.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.errors import TopasError
-from topas_bench.runners.sglang.launcher import Server, ServerError, free_port
+from topas_bench.runners.sglang.launcher import Server, ServerError, free_port, run_probe
 
 ROUTER_VERSION = "0.3.2"
 DEFAULT_ROUTER_VENV = Path(".venvs/sglang-router")
@@ -61,12 +60,7 @@ def router_python(explicit: str | None) -> str:
         "import importlib.metadata as m, sglang_router.launch_router; "
         "print(m.version('sglang-router'))"
     )
-    try:
-        res = subprocess.run(
-            [python, "-c", probe], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise TopasError(f"--router-python {python}: cannot run it ({e})") from None
+    res = run_probe(python, probe, "--router-python")
     version = res.stdout.strip()
     if res.returncode != 0 or version != ROUTER_VERSION:
         raise TopasError(

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Stage, Workload
-from topas_bench.workloads.trace_parse import MAX_TOKENS
+from topas_bench.workloads.trace.parse import MAX_TOKENS
 
 LengthHint = Literal["none", "oracle"]
 #: SimConfig fields that enter a run's identity when they differ from their defaults.
@@ -115,7 +115,7 @@ class SimOptions:
 
     engine: ClassVar[str] = "sim"
     #: Part of every run's identity: bump it whenever a change to the engine can change a
-    #: result, so cells an older engine made are rerun, never reused (`results.RunIdentity`).
+    #: result, so cells an older engine made are rerun, never reused (`cell.identity.RunIdentity`).
     #: v2: SGLang 0.5.23's batch_is_full latch, LRU refresh on match, token-granular radix
     #: with node splits, PrefillAdder/retraction accounting as the reference engine measures.
     #: v3: a finished request's prompt is split from its output in the tree (as SGLang's

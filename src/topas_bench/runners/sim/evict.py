@@ -24,7 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-POLICIES = ("lru", "lfu", "slru", "priority")
+from topas_bench.schedulers.base import EVICTION_POLICIES
+
+#: the policies mirrored, as the policy interface names them (`ServerNeeds.eviction`)
+POLICIES = EVICTION_POLICIES
 
 
 class Scored(Protocol):

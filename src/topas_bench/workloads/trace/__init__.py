@@ -7,7 +7,7 @@ is one task, ``{"id", "workflow", "arrival_s", "stages": [{"id", "agent", "kind"
 `kind`, `max_new_tokens`, `deps` and `delay_s` may be left out (model defaults); provenance keys
 other than these three are ignored. Blank lines are skipped. JSON only, never pickle. The
 format is documented in docs/workload-format.md; `trace.schema.json` is its JSON Schema
-(`workloads.schema`).
+(`workloads.trace.schema`).
 
 Writing is canonical: fields in the order above, compact separators, `params` keys sorted,
 tasks sorted by ``(arrival_s, id)``, so equal workloads give byte-identical files. Only valid
@@ -15,11 +15,13 @@ workloads are written, and loading reports every problem at once (`TraceError.re
 with its 1-based line and field path; `validate` runs the same checks on an in-memory workload,
 `validate_file` on a file in bounded memory (no task kept).
 
-The pieces, one idea each: `trace_lines` (bytes to numbered, decoded JSON lines: gzip, a BOM,
-duplicate keys), `trace_parse` (the fields, bounds and rows onto the model), `trace_check`
-(every problem, named), `trace_fast` (clean tasks in one pass), `trace_dag` (cycles,
-ancestors), `trace_stream` (line by line, with what checks across tasks keep), `trace_index`
-(a run's first tasks of a big file), `trace_errors` (problems and the error).
+The package's modules, in the order a trace flows through them: `read` (bytes to numbered,
+decoded JSON lines: gzip, a BOM, duplicate keys), `parse` (the fields, bounds and rows onto the
+model), `check` (every problem, named; `dag`: cycles, ancestors; `fast`: clean tasks in one
+pass), `stream` (line by line, with what checks across tasks keep), `index` (a run's first tasks
+of a big file), and `errors` (problems and the error) beside them all. This module is the
+package's face (writing, loading, validating); `workload` runs a file as the registered `trace`
+workload, and `schema` checks lines against the published JSON Schema.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from typing import IO, Any
 
 from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Task, Workload
-from topas_bench.workloads.trace_check import Checker, canon, memory_loc
-from topas_bench.workloads.trace_errors import TraceError, TraceProblem
-from topas_bench.workloads.trace_lines import (
+from topas_bench.workloads.trace.check import Checker, canon, memory_loc
+from topas_bench.workloads.trace.errors import TraceError, TraceProblem
+from topas_bench.workloads.trace.parse import MAX_TIME_S, SCHEMA, STAGE, VERSION
+from topas_bench.workloads.trace.read import (
     LineError,
     check_trace_path,
     decode,
@@ -44,8 +47,7 @@ from topas_bench.workloads.trace_lines import (
     raw_lines,
     text_lines,
 )
-from topas_bench.workloads.trace_parse import MAX_TIME_S, SCHEMA, STAGE, VERSION
-from topas_bench.workloads.trace_stream import TraceSummary, check_lines
+from topas_bench.workloads.trace.stream import TraceSummary, check_lines
 
 # --- writing ----------------------------------------------------------------------------------
 
@@ -99,7 +101,7 @@ def _json(v: Any) -> str:
 
 
 def load_workload(path: str | os.PathLike[str], *, kv_budget_tokens: int | None = None) -> Workload:
-    """Read and check a trace file (`trace_lines`: gzip, a BOM); raises `TraceError` listing
+    """Read and check a trace file (`read`: gzip, a BOM); raises `TraceError` listing
     every problem."""
     p = check_trace_path(path)
     with open_binary(p) as f:
@@ -109,7 +111,7 @@ def load_workload(path: str | os.PathLike[str], *, kv_budget_tokens: int | None 
 def validate_file(
     path: str | os.PathLike[str], *, kv_budget_tokens: int | None = None
 ) -> TraceSummary:
-    """Check a trace file in bounded memory (no task is kept; `trace_stream`): its summary, or
+    """Check a trace file in bounded memory (no task is kept; `stream`): its summary, or
     `TraceError` listing every problem."""
     p = check_trace_path(path)
 

@@ -19,7 +19,7 @@ trace: `registry.resolve` turns it into this workload with ``file`` set. Paramet
   ending at EOS after its ``output_tokens``. The true lengths never change.
 
 Without ``--tasks`` a run takes every task of the file. Fewer tasks than the file holds are
-its first by ``(arrival_s, id)``: only those are read in full (`trace_index`; the other
+its first by ``(arrival_s, id)``: only those are read in full (`index`; the other
 lines for their id and arrival only), so `-n 1000` on a file of 300,000 tasks holds 1,000.
 More tasks than the file holds repeat it: copy ``r`` of task ``X`` is ``X~r``, its segment
 keys that start with ``X/`` (the task's own content: inputs, outputs) renamed to ``X~r/``, and,
@@ -43,10 +43,10 @@ from topas_bench.errors import TopasError
 from topas_bench.workloads import lengths
 from topas_bench.workloads.arrivals import poisson_arrivals
 from topas_bench.workloads.model import Segment, Task, Workload
-from topas_bench.workloads.registry import parse_params
+from topas_bench.workloads.params import parse_params
 from topas_bench.workloads.trace import load_workload
-from topas_bench.workloads.trace_index import TraceScan, scan
-from topas_bench.workloads.trace_lines import check_trace_path, show
+from topas_bench.workloads.trace.index import TraceScan, scan
+from topas_bench.workloads.trace.read import check_trace_path, show
 
 NAME = "trace"
 ARRIVALS = ("recorded", "poisson")
@@ -71,7 +71,7 @@ class TraceFileParams:
 
 def load(file: str, tasks: int | None = None) -> Workload:
     """The file's workload: all of its tasks, or, given `tasks` below its count, its first
-    `tasks` ones (`trace_index`). Read once per content (a rewritten file is read again)."""
+    `tasks` ones (`index`). Read once per content (a rewritten file is read again)."""
     key = _key(file)
     if tasks is not None and (first := _scan(*key, tasks).first) is not None:
         return first

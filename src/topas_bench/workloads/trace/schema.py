@@ -14,14 +14,15 @@ import json
 from importlib.resources import files
 from typing import Any
 
-from topas_bench.workloads.trace import TraceProblem, json_error
+from topas_bench.workloads.trace.errors import TraceProblem
+from topas_bench.workloads.trace.read import json_error
 
 SCHEMA_FILE = "trace.schema.json"
 
 
 @functools.cache
 def schema() -> dict[str, Any]:
-    text = (files("topas_bench.workloads") / SCHEMA_FILE).read_text(encoding="utf-8")
+    text = (files("topas_bench.workloads.trace") / SCHEMA_FILE).read_text(encoding="utf-8")
     found: dict[str, Any] = json.loads(text)
     return found
 

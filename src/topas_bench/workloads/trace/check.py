@@ -4,8 +4,8 @@
 The checker keeps only what checks across tasks need: the agents, each task id (with where it
 was first used) and the segment keys' token counts. Where those counts live is the caller's
 choice (`Checker.keys`): one dict for the whole workload, or, for a file streamed in bounded
-memory, a dict per task whose keys then go to a compact log (`trace_stream.KeyLog`).
-`trace_fast` is the fast path for clean tasks; this module is the reference it must agree with,
+memory, a dict per task whose keys then go to a compact log (`stream.KeyLog`).
+`fast` is the fast path for clean tasks; this module is the reference it must agree with,
 and what names every problem.
 """
 
@@ -18,10 +18,9 @@ from typing import Any
 
 from topas_bench.errors import TopasError
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key, output_key
-from topas_bench.workloads.trace_dag import cycles, is_ancestor
-from topas_bench.workloads.trace_errors import TraceProblem
-from topas_bench.workloads.trace_lines import show
-from topas_bench.workloads.trace_parse import (
+from topas_bench.workloads.trace.dag import cycles, is_ancestor
+from topas_bench.workloads.trace.errors import TraceProblem
+from topas_bench.workloads.trace.parse import (
     bad,
     bad_count,
     bad_name,
@@ -31,6 +30,7 @@ from topas_bench.workloads.trace_parse import (
     join,
     label,
 )
+from topas_bench.workloads.trace.read import show
 
 # (task index, or its line in a file, or None; stage index (or agent index if the task is None)
 # or None; path) -> line, field

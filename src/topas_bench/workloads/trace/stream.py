@@ -1,7 +1,7 @@
 """Checking a trace line by line: `check_lines` reads the header, then each task, and keeps
 only what the checks across tasks need.
 
-Each task row goes through the fast path (`trace_fast.clean_task`); a row it does not accept
+Each task row goes through the fast path (`fast.clean_task`); a row it does not accept
 goes through the detailed checker, which names its problems. With ``keep`` the tasks are built
 (a run needs them); without it nothing of a task outlives its line. In ``bounded`` mode the
 token counts of segment keys, which must agree across the whole file, are not kept in a dict
@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from topas_bench.workloads.model import Task, Workload
-from topas_bench.workloads.trace_check import NO_TASKS, Checker, file_loc
-from topas_bench.workloads.trace_errors import MAX_PROBLEMS, TraceError, TraceProblem
-from topas_bench.workloads.trace_fast import build_task, clean_task, commit
-from topas_bench.workloads.trace_lines import LineError, decode
-from topas_bench.workloads.trace_parse import Parser
+from topas_bench.workloads.trace.check import NO_TASKS, Checker, file_loc
+from topas_bench.workloads.trace.errors import MAX_PROBLEMS, TraceError, TraceProblem
+from topas_bench.workloads.trace.fast import build_task, clean_task, commit
+from topas_bench.workloads.trace.parse import Parser
+from topas_bench.workloads.trace.read import LineError, decode
 
 #: ``(line number, offset, line bytes or the reason it could not be read)``, non-blank lines
 Lines = Iterable[tuple[int, int, bytes | LineError]]

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from topas_bench.workloads.model import Workload
-from topas_bench.workloads.trace_errors import MAX_PROBLEMS, TraceError, TraceProblem
-from topas_bench.workloads.trace_lines import (
+from topas_bench.workloads.trace.errors import MAX_PROBLEMS, TraceError, TraceProblem
+from topas_bench.workloads.trace.parse import MISSING, Parser, bad, bad_name, bad_secs
+from topas_bench.workloads.trace.read import (
     LineError,
     decode,
     lone_surrogate,
@@ -30,8 +31,7 @@ from topas_bench.workloads.trace_lines import (
     raw_lines,
     show,
 )
-from topas_bench.workloads.trace_parse import MISSING, Parser, bad, bad_name, bad_secs
-from topas_bench.workloads.trace_stream import check_lines
+from topas_bench.workloads.trace.stream import check_lines
 
 # `{"id":"...","workflow":"...","arrival_s":<number>,` as `dumps_workload` starts a task line
 _STRING = rb'"(?:[^"\\\x00-\x1f]|\\.)*"'

@@ -1,32 +1,16 @@
-"""Generated tables of the docs: every results table of docs/evaluation.md and README's TOPAS
-section is computed here from committed result files, so that a number edited by hand fails a
-test (tests/test_docgen.py) and `python scripts/gen_docs.py` rewrites them.
-
-A generated block in a Markdown file:
-
-    <!-- generated: NAME key=value key=value -->
-    (anything: replaced by the table)
-    <!-- /generated -->
-
-NAME is one of `BLOCKS`; the keys are its arguments, paths relative to the repository root
-(e.g. ``dir=results/paper-regime``, a report directory holding `runs.csv.gz`, the compact
-per-run table `topas-bench report` writes, `render.RUNS_FILE`). Every table is a function of
-those files and of the code's fixed facts (the paper's figures, the registry), nothing else:
-no run tree, no clock, no randomness beyond the seeded bootstrap.
-"""
+"""The evaluation protocol's tables as the docs show them: the headline, TOPAS against every
+other scheduler, the levers, preemption, tuning, the mechanism, per-seed margins, the
+summary, what each scheduler can do and the peers."""
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from topas_bench.analysis.docgen.data import label_of, md_table, runs_of, seeds_text, workload_order
 from topas_bench.analysis.protocol import (
     GROUP_KEY,
     best_others,
@@ -38,95 +22,12 @@ from topas_bench.analysis.protocol import (
     tuning_table,
     versus,
 )
-from topas_bench.analysis.regime import NO_PINS, regime_table
-from topas_bench.analysis.render import RUNS_FILE, powers
+from topas_bench.analysis.regime import NO_PINS
+from topas_bench.analysis.render import powers
 from topas_bench.analysis.report import PAPER_REDUCTIONS
 from topas_bench.analysis.verdict import family_note
 from topas_bench.errors import TopasError
-from topas_bench.schedulers.registry import ABLATIONS, BASELINES
-
-BEGIN = re.compile(r"<!-- generated: (?P<name>[a-z0-9-]+)(?P<args>(?: [a-z_]+=\S+)*) -->")
-END = "<!-- /generated -->"
-#: The files whose generated blocks a check covers (tests/test_docgen.py).
-DOCS = ("README.md", "docs/evaluation.md")
-
-
-@dataclass(frozen=True)
-class Block:
-    name: str
-    args: dict[str, str]
-    start: int  # index of the first character after the opening marker's line
-    end: int  # index of the closing marker
-
-
-def blocks(text: str) -> list[Block]:
-    out = []
-    for m in BEGIN.finditer(text):
-        start = text.index("\n", m.end()) + 1 if "\n" in text[m.end() :] else len(text)
-        end = text.find(END, start)
-        if end < 0:
-            raise TopasError(f"generated block {m.group('name')!r} has no {END}")
-        args = dict(a.split("=", 1) for a in m.group("args").split())
-        out.append(Block(m.group("name"), args, start, end))
-    return out
-
-
-def render(text: str, root: Path) -> str:
-    """`text` with every generated block recomputed."""
-    parts, last = [], 0
-    for b in blocks(text):
-        fn = BLOCKS.get(b.name)
-        if fn is None:
-            raise TopasError(f"unknown generated block {b.name!r} (known: {', '.join(BLOCKS)})")
-        parts += [text[last : b.start], fn(root, **b.args).rstrip("\n") + "\n"]
-        last = b.end
-    return "".join(parts) + text[last:]
-
-
-# -- data -------------------------------------------------------------------------------------
-
-
-@cache
-def _runs(path: Path) -> pd.DataFrame:
-    f = path / RUNS_FILE
-    if not f.is_file():
-        raise TopasError(f"{f}: missing (write it with `topas-bench report RUNS --out {path}`)")
-    runs = pd.read_csv(f, keep_default_na=False, na_values=[""])
-    runs["scheduler_params"] = runs["scheduler_params"].fillna("{}").astype(str)
-    return runs
-
-
-def runs_of(root: Path, directory: str) -> pd.DataFrame:
-    return _runs((root / directory).resolve())
-
-
-def _workload_order(names: list[str]) -> list[str]:
-    order = {w: i for i, w in enumerate(("chain3", "dag4", "dag10-wide", "metagpt-sop",
-                                         "metagpt-tl"))}  # fmt: skip
-    return sorted(names, key=lambda w: (order.get(w, len(order)), w))
-
-
-def _md(records: list[dict[str, Any]]) -> str:
-    if not records:
-        return "(no rows)\n"
-    return str(pd.DataFrame(records).to_markdown(index=False, disable_numparse=True)) + "\n"
-
-
-def _seeds(runs: pd.DataFrame) -> str:
-    s = sorted(int(x) for x in runs["seed"].unique())
-    if s == list(range(s[0], s[-1] + 1)) and len(s) > 2:
-        return f"{s[0]}-{s[-1]}"
-    return ",".join(str(x) for x in s)
-
-
-def _label(name: str, rows: pd.DataFrame) -> str:
-    """A scheduler's label in a table: its name, and the form that stood for it where that
-    was its tuned one (per metric: the better of its forms)."""
-    forms = sorted(set(rows["other_variant"])) if "other_variant" in rows else []
-    return f"{name} ({'/'.join(forms)})" if forms and forms != ["default"] else name
-
-
-# -- blocks -----------------------------------------------------------------------------------
+from topas_bench.schedulers.registry import ABLATIONS
 
 
 def headline(root: Path, dir: str, focus: str = "topas", paper: str = "yes") -> str:
@@ -151,14 +52,14 @@ def headline(root: Path, dir: str, focus: str = "topas", paper: str = "yes") -> 
             ref = PAPER_REDUCTIONS.get(w)
             row["paper (mean / p99)"] = f"{100 * ref[0]:.1f}% / {100 * ref[1]:.1f}%" if ref else "-"
         records.append((w, row))
-    order = _workload_order([w for w, _ in records])
+    order = workload_order([w for w, _ in records])
     records.sort(key=lambda wr: order.index(wr[0]))  # stable: a workload's settings in order
     rows = [r for _, r in records]
     cols = ["workload (setting)"] + [
         c for m in ("mean", "p99") for c in (f"strongest other: {m}", f"{focus} {m}",
                                              f"vs every other ({m}): win / tie / loss")
     ] + (["paper (mean / p99)"] if paper == "yes" else [])  # fmt: skip
-    return _md([{c: r[c] for c in cols} for r in rows]) + _caption(
+    return md_table([{c: r[c] for c in cols} for r in rows]) + _caption(
         runs, len(table), f"{focus} against every other"
     )
 
@@ -175,7 +76,7 @@ def _setting(runs: pd.DataFrame, workload: str, label: str) -> str:
 
 def _caption(runs: pd.DataFrame, cells: int, what: str) -> str:
     return (
-        f"\n(Seeds {_seeds(runs)}, engine {', '.join(sorted(set(runs['engine'])))}, "
+        f"\n(Seeds {seeds_text(runs)}, engine {', '.join(sorted(set(runs['engine'])))}, "
         f"{', '.join(sorted(set(runs['preset'])))}, {int(runs['num_tasks'].iloc[0])} tasks per "
         f"run. {family_note(cells)} Family: {what}.)\n"
     )
@@ -186,16 +87,18 @@ def versus_matrix(root: Path, dir: str, metric: str = "mean", focus: str = "topa
     runs = runs_of(root, dir)
     table = versus(runs, focus)
     t = table[table["metric"] == metric]
-    workloads = _workload_order(list(t["workload"].unique()))
+    workloads = workload_order(list(t["workload"].unique()))
     records = []
     for name, d in t.groupby("other_name", sort=False):
-        row = {"scheduler": _label(str(name), d), "acts while full / preempts": powers(str(name))}
+        row = {"scheduler": label_of(str(name), d), "acts while full / preempts": powers(str(name))}
         for w in workloads:
             hit = d[d["workload"] == w]
             row[w] = cell_text(hit.iloc[0]) if not hit.empty else "-"
         records.append(row)
     records.sort(key=lambda r: r["scheduler"])
-    return _md(records) + _caption(runs, len(table), f"{focus} against every other, mean and p99")
+    return md_table(records) + _caption(
+        runs, len(table), f"{focus} against every other, mean and p99"
+    )
 
 
 def lever_table(root: Path, dir: str, focus: str = "topas") -> str:
@@ -203,7 +106,7 @@ def lever_table(root: Path, dir: str, focus: str = "topas") -> str:
     runs = runs_of(root, dir)
     present = [a for a in ABLATIONS if a in set(runs["scheduler_name"])]
     table = levers(runs, present, focus)
-    workloads = _workload_order(list(table["workload"].unique()))
+    workloads = workload_order(list(table["workload"].unique()))
     records = []
     for w in workloads:
         row = {"workload": w}
@@ -213,7 +116,7 @@ def lever_table(root: Path, dir: str, focus: str = "topas") -> str:
             row[a] = (f"{cell_text(cells['mean'])} / {cell_text(cells['p99'])}"
                       if {"mean", "p99"} <= set(cells) else "-")  # fmt: skip
         records.append(row)
-    return _md(records) + _caption(runs, len(table), f"{focus} against each ablation")
+    return md_table(records) + _caption(runs, len(table), f"{focus} against each ablation")
 
 
 def preemption(
@@ -226,7 +129,7 @@ def preemption(
     plain = best_others(versus(runs, without))
     full = best_others(versus(runs, focus))
     records = []
-    for w in _workload_order(list(lever["workload"].unique())):
+    for w in workload_order(list(lever["workload"].unique())):
         row: dict[str, Any] = {"workload": w}
         for m in ("mean", "p99"):
             f = full[(full["workload"] == w) & (full["metric"] == m)].iloc[0]
@@ -236,8 +139,8 @@ def preemption(
             row[f"{without} vs strongest other ({m})"] = f"{p['other_name']}: {cell_text(p)}"
             row[f"preemption's worth ({m})"] = cell_text(lv)
         records.append(row)
-    return _md(records) + (
-        f"\n(Seeds {_seeds(runs)}. Three families, each Holm-corrected: {focus} against every "
+    return md_table(records) + (
+        f"\n(Seeds {seeds_text(runs)}. Three families, each Holm-corrected: {focus} against every "
         f"other ({len(versus(runs, focus))} cells), {without} against every other "
         f"({len(versus(runs, without))}), {focus} against {without} ({len(lever)}).)\n"
     )
@@ -251,7 +154,7 @@ def tuning(root: Path, dir: str, tuned: str) -> str:
     runs = runs_of(root, dir)
     found = load_tuned(root / tuned)
     table = tuning_table(runs, None)
-    workloads = _workload_order(list(runs["workload"].unique()))
+    workloads = workload_order(list(runs["workload"].unique()))
     records = []
     for name, entry in sorted(found.entries.items()):
         row: dict[str, Any] = {
@@ -267,10 +170,10 @@ def tuning(root: Path, dir: str, tuned: str) -> str:
             hit = d[d["workload"] == w]
             row[f"{w} (mean)"] = cell_text(hit.iloc[0]) if not hit.empty else "-"
         records.append(row)
-    return _md(records) + (
+    return md_table(records) + (
         f"\n(Budget: {found.describe_budget()}. Objective: lower is better, 1 = the best "
         "default baseline. The workload columns: the tuned form against the defaults on the "
-        f"evaluation seeds {_seeds(runs)}, mean JCT, positive = tuning helped, '-' where "
+        f"evaluation seeds {seeds_text(runs)}, mean JCT, positive = tuning helped, '-' where "
         f"tuning kept the defaults. {family_note(len(table))} Family: every tuned scheduler "
         "against its defaults, mean and p99.)\n"
     )
@@ -300,9 +203,9 @@ def mechanism(root: Path, dir: str, focus: str = "topas") -> str:
                 "preemptions / run": f"{d['preemptions'].mean():.0f}",
                 "wait to admission (s)": f"{d['queue_mean_s'].mean():.1f}",
             })  # fmt: skip
-    order = _workload_order(list({r["workload"] for r in records}))
+    order = workload_order(list({r["workload"] for r in records}))
     records.sort(key=lambda r: order.index(r["workload"]))  # stable: a workload's rows in order
-    return _md(records) + f"\n(Means over seeds {_seeds(runs)}.)\n"
+    return md_table(records) + f"\n(Means over seeds {seeds_text(runs)}.)\n"
 
 
 def per_seed(root: Path, dir: str, focus: str = "topas") -> str:
@@ -321,171 +224,9 @@ def per_seed(root: Path, dir: str, focus: str = "topas") -> str:
             row[str(s)] = f"{100 * (1 - f[s] / o[s]):+.1f}" if s in f and s in o else "-"
         row["all seeds"] = pct(float(b["margin"]))
         records.append(row)
-    order = _workload_order([r["workload"] for r in records])
+    order = workload_order([r["workload"] for r in records])
     records.sort(key=lambda r: order.index(r["workload"]))
-    return _md(records) + "\n(Per seed: 1 - focus / other on that seed's mean JCT, in %.)\n"
-
-
-def regime_summary(root: Path, dir: str) -> str:
-    """Per workload of the regime map: the margin's range over its cells, its verdicts, and
-    where residency (TOPAS against topas-no-pins) pays or hurts."""
-    runs = runs_of(root, dir)
-    table = regime_table(runs)
-    records = []
-    for w in _workload_order(list(table["workload"].unique())):
-        d = table[table["workload"] == w]
-        counts = {m: d[f"verdict_{m}"].value_counts() for m in ("mean", "p99")}
-        res = d["residency"].value_counts()
-        lever = d[f"vs_{NO_PINS}_mean"] if f"vs_{NO_PINS}_mean" in d else pd.Series(dtype=float)
-        records.append({
-            "workload": w, "cells": str(len(d)),
-            "TOPAS vs best other, mean: range": f"{pct(d['margin_mean'].min())} .. "
-                                                f"{pct(d['margin_mean'].max())}",
-            "win / tie / loss (mean)": _wtl(counts["mean"]),
-            "win / tie / loss (p99)": _wtl(counts["p99"]),
-            "residency (vs no-pins): range": f"{100 * lever.min():+.1f} .. "
-                                             f"{100 * lever.max():+.1f} pts"
-            if not lever.empty else "-",
-            "residency pays / tie / hurts": f"{res.get('pays', 0)} / {res.get('tie', 0)} / "
-                                            f"{res.get('hurts', 0)}",
-            **{f"{name} pays / tie / hurts": _wtl(d[f"verdict_vs_{abl}"].value_counts())
-               if f"verdict_vs_{abl}" in d else "-" for abl, name in LEVERS.items()},
-        })  # fmt: skip
-    n = len(table)
-    return _md(records) + (
-        f"\n(Seeds {_seeds(runs)}, {int(runs['num_tasks'].iloc[0])} tasks per run. Verdicts "
-        f"Holm-corrected over the map's {n} cells per metric; each lever (TOPAS against "
-        f"{', '.join(['topas-no-pins', *LEVERS])} on mean JCT) likewise over its {n} cells.)\n"
-    )
-
-
-#: The regime summary's lever columns beside residency: ablation -> what it switches off.
-LEVERS = {"topas-no-joint": "restriction", "topas-no-preempt": "preemption"}
-
-
-def _wtl(c: pd.Series) -> str:
-    return f"{c.get('win', 0)} / {c.get('tie', 0)} / {c.get('loss', 0)}"
-
-
-def calibration(root: Path, capacity: str) -> str:
-    """Each scheduler's saturation rate per workload from a sweep's capacity.json (the rate
-    at which its mean JCT reaches 3x the unloaded one)."""
-    path = root / capacity
-    try:
-        rows = json.loads(path.read_text())["capacities"]
-    except (OSError, ValueError, KeyError) as e:
-        raise TopasError(f"{path}: unreadable capacity file ({e})") from None
-    caps: dict[str, dict[str, float]] = {}
-    for r in rows:
-        caps.setdefault(r["workload"], {})[r["scheduler"]] = float(r["capacity_tps"])
-    names = sorted({s for c in caps.values() for s in c})
-    records = []
-    for w in _workload_order(list(caps)):
-        c = caps[w]
-        best = min(c, key=lambda s: (-c[s], s))
-        records.append({"workload": w, **{s: f"{c[s]:.4g}" if s in c else "-" for s in names},
-                        "best": f"{c[best]:.4g} ({best})"})  # fmt: skip
-    return _md(records)
-
-
-def demand(root: Path, tasks: str = "150", seed: str = "101") -> str:
-    """What one task asks of the server, per workload, from its generator: calls, input and
-    output tokens per task, the largest prompt."""
-    from topas_bench.workloads.registry import generate  # the generators: only this block
-
-    records = []
-    for w in ("chain3", "dag4", "dag10-wide", "metagpt-sop", "metagpt-tl"):
-        sample = generate(w, num_tasks=int(tasks), seed=int(seed))
-        calls = [s for t in sample.tasks for s in t.stages]
-        n = len(sample.tasks)
-        prompts = [s.prompt_tokens for s in calls]
-        outs = [s.output_tokens for s in calls]
-        records.append({
-            "workload": w, "calls / task": f"{len(calls) / n:.1f}",
-            "input tokens / task": f"{sum(prompts) / n:,.0f}",
-            "output tokens / task (per call)":
-                f"{sum(outs) / n:,.0f} ({sum(outs) / len(calls):,.0f})",
-            "largest prompt": f"{max(prompts):,}",
-        })  # fmt: skip
-    return _md(records) + f"\n({tasks} tasks of seed {seed}, as generated.)\n"
-
-
-def _old_claim(r: pd.Series, col: str, against: str) -> str:
-    v, lo, hi = (float(r[f"{col}{x}"]) for x in ("", "_lo", "_hi"))
-    word = "win" if lo > 0 else "loss" if hi < 0 else "tie"
-    return f"{against}: {pct(v, lo, hi)} {word}"
-
-
-def changes(root: Path, old: str, new: str, focus: str = "topas") -> str:
-    """Each headline claim of an earlier report (its report.csv: 5 seeds, an uncorrected
-    interval read as a win where it excludes 0) beside what the protocol's runs say now."""
-    try:
-        before = pd.read_csv(root / old / "report.csv")
-    except (OSError, ValueError) as e:
-        raise TopasError(f"{root / old / 'report.csv'}: unreadable ({e})") from None
-    runs = runs_of(root, new)
-    table = versus(runs, focus)
-    base = table[table["other_name"].isin(BASELINES)]
-    records = []
-    for w in _workload_order(list(table["workload"].unique())):
-        t = before[(before["workload"] == w) & (before["scheduler"] == focus)]
-        for m in ("mean", "p99"):
-            now = table[(table["workload"] == w) & (table["metric"] == m)]
-            nb = base[(base["workload"] == w) & (base["metric"] == m)]
-            if t.empty or now.empty or nb.empty:
-                continue
-            r = t.iloc[0]
-            strongest = now.sort_values(["other_value", "other"]).iloc[0]
-            best_base = nb.sort_values(["other_value", "other"]).iloc[0]
-            records.append({
-                "workload": w, "metric": m,
-                "then vs best baseline": _old_claim(r, f"reduction_{m}",
-                                                    str(r[f"best_baseline_{m}"])),
-                "now vs best baseline": f"{best_base['other_name']}: {cell_text(best_base, False)}",
-                "then vs best of all": _old_claim(r, f"reduction_any_{m}", str(r[f"best_any_{m}"])),
-                "now vs best of all": f"{strongest['other_name']}: {cell_text(strongest, False)}",
-            })  # fmt: skip
-    seeds = ",".join(
-        str(s) for s in sorted({int(x) for x in str(before["seeds"].iloc[0]).split(",")})
-    )
-    return _md(records) + (
-        f"\n(Then: {old}/report.csv, seeds {seeds}, {focus} with its defaults against every "
-        "scheduler's defaults, a win wherever the 95% interval excluded 0, uncorrected. Now: "
-        f"seeds {_seeds(runs)}, each scheduler in its tuned form where it has one, verdicts "
-        f"Holm-corrected over the {len(table)} cells of {focus} against every other.)\n"
-    )
-
-
-def changes_regime(root: Path, old: str, new: str) -> str:
-    """The regime map's counts then (regime.csv of an earlier run: uncorrected intervals) and
-    now (the protocol's corrected verdicts)."""
-    try:
-        before = pd.read_csv(root / old / "regime.csv")
-    except (OSError, ValueError) as e:
-        raise TopasError(f"{root / old / 'regime.csv'}: unreadable ({e})") from None
-    now = regime_table(runs_of(root, new))
-    records = []
-    for w in _workload_order(list(set(before["workload"]) | set(now["workload"]))):
-        b, n = before[before["workload"] == w], now[now["workload"] == w]
-        bounds = zip(b["margin_mean_lo"], b["margin_mean_hi"], strict=True)
-        then = ["win" if lo > 0 else "loss" if hi < 0 else "tie" for lo, hi in bounds]
-        pins_lo, pins_hi = b.get(f"vs_{NO_PINS}_mean_lo"), b.get(f"vs_{NO_PINS}_mean_hi")
-        pays = int((pins_lo > 0).sum()) if pins_lo is not None else 0
-        hurts = int((pins_hi < 0).sum()) if pins_hi is not None else 0
-        res = n["residency"].value_counts() if not n.empty else pd.Series(dtype=int)
-        records.append({
-            "workload": w,
-            "then: win / tie / loss (mean)": _wtl(pd.Series(then).value_counts()) if then else "-",
-            "now: win / tie / loss (mean)": _wtl(n["verdict_mean"].value_counts())
-            if not n.empty else "-",
-            "then: residency pays / hurts": f"{pays} / {hurts}" if len(b) else "-",
-            "now: residency pays / hurts": f"{res.get('pays', 0)} / {res.get('hurts', 0)}"
-            if not n.empty else "-",
-        })  # fmt: skip
-    return _md(records) + (
-        f"\n(Then: {old}/regime.csv, 5 seeds, each cell's 95% interval read on its own. Now: "
-        f"{new}, verdicts Holm-corrected over the map's cells.)\n"
-    )
+    return md_table(records) + "\n(Per seed: 1 - focus / other on that seed's mean JCT, in %.)\n"
 
 
 def capability(root: Path, dir: str) -> str:
@@ -514,8 +255,8 @@ def capability(root: Path, dir: str) -> str:
             "scheduler": name, "acts while full / preempts": powers(name),
             "preemptions / run": f"{rep['preemptions'].mean():.1f}", "ran as": form,
         })  # fmt: skip
-    return _md(records) + (
-        f"\n(Preemptions per run: the mean over {_seeds(runs)} and every workload of the runs "
+    return md_table(records) + (
+        f"\n(Preemptions per run: the mean over {seeds_text(runs)} and every workload of the runs "
         "of the form shown; it counts SGLang's own retractions too, which any scheduler may "
         "suffer when decode memory over-commits.)\n"
     )
@@ -539,7 +280,7 @@ def summary(root: Path, dir: str, focus: str = "topas", without: str = "topas-no
     lever = levers(runs, present, focus)  # the lever table's own family
     what = {pins: f"residency (against {pins})", without: f"preemption (against {without})"}
     lines = []
-    for w in _workload_order(list(full["workload"].unique())):
+    for w in workload_order(list(full["workload"].unique())):
         f = {m: full[(full["workload"] == w) & (full["metric"] == m)].iloc[0] for m in ("mean",
              "p99")}  # fmt: skip
         text = (
@@ -556,7 +297,7 @@ def summary(root: Path, dir: str, focus: str = "topas", without: str = "topas-no
             text += f" The lever {what[str(r['other_name'])]}, mean: {r['verdict']}, {margin}."
         lines.append(text)
     return "\n".join(lines) + (
-        f"\n\n(Seeds {_seeds(runs)}; verdicts Holm-corrected within each table of the sections "
+        f"\n\n(Seeds {seeds_text(runs)}; verdicts Holm-corrected within each table of the sections "
         "below: the focus against every other, the non-preempting variant against every other, "
         "the focus against its ablations.)\n"
     )
@@ -595,30 +336,11 @@ def peers(root: Path, dir: str, names: str, focus: str = "topas") -> str:
                 "decode batch": f"{d['decode_batch'].mean():.2f}",
                 "preemptions / run": f"{d['preemptions'].mean():.0f}",
             })  # fmt: skip
-    order = _workload_order(list({r["workload"] for r in records}))
+    order = workload_order(list({r["workload"] for r in records}))
     records.sort(key=lambda r: order.index(r["workload"]))
-    return _md(records) + (
-        f"\n(Means over seeds {_seeds(runs)}; each scheduler in its representative form, tuned "
+    return md_table(records) + (
+        f"\n(Means over seeds {seeds_text(runs)}; each scheduler in its representative form, tuned "
         'where it has one. "vs the strongest other": the scheduler against every other but '
         f'{focus}\'s ablations, one Holm family per scheduler; "{focus} over it": from '
         f"{focus}'s own table.)\n"
     )
-
-
-BLOCKS: dict[str, Callable[..., str]] = {
-    "summary": summary,
-    "capability": capability,
-    "changes": changes,
-    "changes-regime": changes_regime,
-    "headline": headline,
-    "versus": versus_matrix,
-    "levers": lever_table,
-    "preemption": preemption,
-    "tuning": tuning,
-    "mechanism": mechanism,
-    "per-seed": per_seed,
-    "regime-summary": regime_summary,
-    "calibration": calibration,
-    "demand": demand,
-    "peers": peers,
-}

@@ -1,6 +1,6 @@
 """The fast path of the trace checks: a clean task row, accepted in one pass.
 
-`clean_task` answers one question, "would `trace_check.Checker` find no problem in this row?",
+`clean_task` answers one question, "would `check.Checker` find no problem in this row?",
 only ever answering yes when that is so; whenever it is unsure (any problem, a stage listed
 before one it depends on, ...) it says no and the detailed checker runs and names the
 problems. It changes the cross-task state (task ids, key token counts) only when it says yes,
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from topas_bench.workloads.model import DEFAULT_MAX_NEW_TOKENS, Segment, Stage, Task
-from topas_bench.workloads.trace_check import Checker
-from topas_bench.workloads.trace_dag import is_ancestor
-from topas_bench.workloads.trace_parse import MAX_TIME_S, MAX_TOKENS, STAGE, TASK
+from topas_bench.workloads.trace.check import Checker
+from topas_bench.workloads.trace.dag import is_ancestor
+from topas_bench.workloads.trace.parse import MAX_TIME_S, MAX_TOKENS, STAGE, TASK
 
 _TASK_KEYS = frozenset(TASK)
 _STAGE_KEYS = frozenset(STAGE)

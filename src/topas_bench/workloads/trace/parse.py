@@ -1,6 +1,6 @@
 """The trace format's fields and bounds, JSON rows onto the model (`Parser`), and the small
 predicates every check shares (`bad_count`, `bad_secs`, ...: each the message of a problem, or
-None). `trace_check.Checker` names the problems; `trace_fast` accepts clean rows fast."""
+None). `check.Checker` names the problems; `fast` accepts clean rows fast."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload
-from topas_bench.workloads.trace_errors import TraceProblem
-from topas_bench.workloads.trace_lines import show
+from topas_bench.workloads.trace.errors import TraceProblem
+from topas_bench.workloads.trace.read import show
 
 SCHEMA = "topas-bench/trace"
 VERSION = 1
