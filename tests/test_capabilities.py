@@ -22,9 +22,10 @@ from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimulationError, Simulator
 from topas_bench.runners.sim.view import SimView
-from topas_bench.schedulers.base import Decision, EngineView
+from topas_bench.schedulers.base import Decision
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.registry import SCHEDULERS, capabilities, make_policy
+from topas_bench.schedulers.view import EngineView
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload
 from topas_bench.workloads.registry import generate, run_defaults
 

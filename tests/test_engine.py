@@ -12,10 +12,11 @@ import pytest
 from topas_bench.runners.sim.config import SimConfig, check_fits
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimResult, SimulationError, Simulator, Step
-from topas_bench.schedulers.base import Capabilities, Decision, EngineView, Policy, ServerNeeds
+from topas_bench.schedulers.base import Capabilities, Decision, Policy, ServerNeeds
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.schedulers.spf import SPF
+from topas_bench.schedulers.view import EngineView
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key, output_key
 
 COST = CostModel(load_preset("h100-llama8b"))

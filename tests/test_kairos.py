@@ -13,9 +13,10 @@ from test_schedulers import FakeTask, FakeView, req, view
 from topas_bench.errors import TopasError
 from topas_bench.runners.cluster.routers import Cluster, Route, make_router
 from topas_bench.runners.sim.cost import CostModel, load_preset
-from topas_bench.schedulers.base import InvalidParameter, StageState
+from topas_bench.schedulers.base import StageState
 from topas_bench.schedulers.kairos import Kairos, rank_agents, slot_starts, wasserstein
 from topas_bench.schedulers.registry import make_policy
+from topas_bench.schedulers.validate import InvalidParameter
 
 COST = CostModel(load_preset("a100-qwen32b"))
 

@@ -29,8 +29,9 @@ from topas_bench.experiment import plan_run
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.base import EngineView, RequestView
+from topas_bench.schedulers.base import RequestView
 from topas_bench.schedulers.registry import make_policy
+from topas_bench.schedulers.view import EngineView
 from topas_bench.spec import RunSpec
 from topas_bench.workloads import lengths
 from topas_bench.workloads.metagpt_import import import_trace

@@ -14,14 +14,10 @@ import pytest
 import topas_bench.schedulers.sglang_stock as stock_module
 from topas_bench.runners.sim.calc_priority import CACHE_AWARE, PASSES
 from topas_bench.runners.sim.evict import POLICIES
-from topas_bench.schedulers.base import (
-    SCHEDULE_POLICIES,
-    InvalidParameter,
-    Policy,
-    ServerNeeds,
-)
+from topas_bench.schedulers.base import SCHEDULE_POLICIES, Policy, ServerNeeds
 from topas_bench.schedulers.registry import SCHEDULERS, SGLANG_STOCK, make_policy
 from topas_bench.schedulers.sglang_stock import REFUSED, STOCK, Stock, StockRow
+from topas_bench.schedulers.validate import InvalidParameter
 
 #: The six class variables `ServerNeeds` replaced: no policy may carry them again.
 OLD = (

@@ -21,16 +21,11 @@ from test_schedulers import FakeTask, FakeView, order, req, view
 from topas_bench.runners.sim.calc_priority import QueuePass, dfs_weight_order
 from topas_bench.runners.sim.pins import set_prefix_priorities
 from topas_bench.runners.sim.radix import RadixCache
-from topas_bench.schedulers.base import (
-    EngineView,
-    PrefixLocation,
-    PrefixView,
-    RequestView,
-    StageState,
-)
+from topas_bench.schedulers.base import RequestView, StageState
 from topas_bench.schedulers.continuum import Continuum, next_turn
 from topas_bench.schedulers.kvflow import BASE_PRIORITY, KVFlow, steps_to_execution
 from topas_bench.schedulers.registry import make_policy
+from topas_bench.schedulers.view import EngineView, PrefixLocation, PrefixView
 from topas_bench.workloads.model import Task, agent_key, output_key
 from topas_bench.workloads.pieces import pieces
 

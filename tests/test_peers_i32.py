@@ -14,7 +14,7 @@ from test_schedulers import req, view
 from topas_bench.errors import TopasError
 from topas_bench.runners.sim.pins import set_prefix_priorities
 from topas_bench.runners.sim.radix import RadixCache
-from topas_bench.schedulers.base import InvalidParameter, sim_only_error
+from topas_bench.schedulers.base import sim_only_error
 from topas_bench.schedulers.cachesage import BASE_PRIORITY, AgentChain, CacheSage
 from topas_bench.schedulers.registry import (
     SCHEDULERS,
@@ -23,6 +23,7 @@ from topas_bench.schedulers.registry import (
     refuse_sim_only,
 )
 from topas_bench.schedulers.sglang_ttl import SglangTTL
+from topas_bench.schedulers.validate import InvalidParameter
 from topas_bench.workloads.model import Task, agent_key, output_key
 from topas_bench.workloads.pieces import pieces
 

@@ -19,19 +19,14 @@ from topas_bench.results import TABLES, read_meta, read_table
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import SimulationError
 from topas_bench.schedulers.autellix import Autellix, critical_path_attained
-from topas_bench.schedulers.base import (
-    Decision,
-    InvalidParameter,
-    Policy,
-    PrefixView,
-    RequestView,
-    StageState,
-)
+from topas_bench.schedulers.base import Decision, Policy, RequestView, StageState
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy, summary
 from topas_bench.schedulers.sglang_stock import StockRow
 from topas_bench.schedulers.spf import SPF, expected_remaining_s
+from topas_bench.schedulers.validate import InvalidParameter
+from topas_bench.schedulers.view import PrefixView
 from topas_bench.spec import RunSpec
 from topas_bench.workloads.model import Segment
 from topas_bench.workloads.registry import WORKLOADS

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from topas_bench.runners.sglang.guard import PolicyGuard, queue_order
-from topas_bench.schedulers.base import Decision, EngineView, Policy
+from topas_bench.schedulers.base import Decision, Policy
+from topas_bench.schedulers.view import EngineView
 
 
 class Scripted(Policy):

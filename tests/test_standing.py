@@ -23,10 +23,11 @@ from topas_bench.runners.sim import standing as sim_standing
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.base import Decision, EngineView, Standing
+from topas_bench.schedulers.base import Decision, Standing
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.schedulers.topas.standing import LADDER
+from topas_bench.schedulers.view import EngineView
 from topas_bench.workloads.model import Workload
 from topas_bench.workloads.registry import generate, run_defaults
 

@@ -13,19 +13,12 @@ from test_engine import by_stage, call, seg, sim, workload
 from test_schedulers import COST, FakeTask, FakeView, order, view
 from topas_bench.runners.sim.engine import Simulator
 from topas_bench.schedulers.astraea import Astraea
-from topas_bench.schedulers.base import (
-    DROP,
-    ContextAction,
-    EngineView,
-    InvalidParameter,
-    PrefixLocation,
-    PrefixView,
-    RequestView,
-    StageState,
-)
+from topas_bench.schedulers.base import DROP, ContextAction, RequestView, StageState
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.schedulers.tokencake import TokenCake, adapt_reserve, offload_worth
+from topas_bench.schedulers.validate import InvalidParameter
+from topas_bench.schedulers.view import EngineView, PrefixLocation, PrefixView
 from topas_bench.workloads.model import Task, Workload, agent_key, output_key
 
 CONTEXT = 599  # t1/s0's context in the tree: prompt 500 + all outputs but the last (99)

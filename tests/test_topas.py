@@ -18,12 +18,14 @@ from fakes import FakeRequest, FakeStage
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.base import InvalidParameter, PrefixLocation, PrefixView, StageState
+from topas_bench.schedulers.base import StageState
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.schedulers.topas import Topas, TopasParams
 from topas_bench.schedulers.topas.pack import Candidate, PackInputs, Victim, greedy_pack
 from topas_bench.schedulers.topas.paths import task_path
 from topas_bench.schedulers.topas.search import AgentInfo, Choice, score_set, search
+from topas_bench.schedulers.validate import InvalidParameter
+from topas_bench.schedulers.view import PrefixLocation, PrefixView
 from topas_bench.workloads.model import Agent, Segment, Stage, Task, Workload, agent_key, output_key
 
 PRESET = load_preset("a100-qwen32b")

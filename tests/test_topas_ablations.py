@@ -29,10 +29,11 @@ from topas_bench.runners.records import SimResult
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.base import Decision, PrefixLocation, PrefixView, StageState
+from topas_bench.schedulers.base import Decision, StageState
 from topas_bench.schedulers.registry import make_policy
 from topas_bench.schedulers.topas import policy as topas_policy
 from topas_bench.schedulers.topas import search as topas_search
+from topas_bench.schedulers.view import PrefixLocation, PrefixView
 from topas_bench.workloads.model import Segment
 from topas_bench.workloads.registry import generate, run_defaults
 

@@ -14,8 +14,9 @@ import pytest
 from topas_bench.runners.sim.config import SimConfig
 from topas_bench.runners.sim.cost import CostModel, load_preset
 from topas_bench.runners.sim.engine import Simulator
-from topas_bench.schedulers.base import Decision, EngineView, PrefixLocation
+from topas_bench.schedulers.base import Decision
 from topas_bench.schedulers.registry import ABLATIONS, SCHEDULERS, make_policy
+from topas_bench.schedulers.view import EngineView, PrefixLocation
 from topas_bench.workloads.registry import generate, run_defaults
 
 PRESET = load_preset("a100-qwen32b")

@@ -42,16 +42,13 @@ from topas_bench.schedulers.base import (
     DROP,
     ContextAction,
     Decision,
-    EngineView,
-    InvalidParameter,
     OrderingPolicy,
     RequestView,
     StageState,
-    TaskView,
-    require_int,
-    require_number,
 )
 from topas_bench.schedulers.toolwait import host_load_s, stall_s, usage
+from topas_bench.schedulers.validate import InvalidParameter, require_int, require_number
+from topas_bench.schedulers.view import EngineView, TaskView
 
 
 def task_waiting_s(task: TaskView, now_s: float) -> float:

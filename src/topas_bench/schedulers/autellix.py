@@ -17,15 +17,9 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from topas_bench.schedulers.base import (
-    Decision,
-    EngineView,
-    OrderingPolicy,
-    RequestView,
-    TaskView,
-    require_int,
-    require_number,
-)
+from topas_bench.schedulers.base import Decision, OrderingPolicy, RequestView
+from topas_bench.schedulers.validate import require_int, require_number
+from topas_bench.schedulers.view import EngineView, TaskView
 
 
 def critical_path_attained(task: TaskView) -> dict[str, float]:

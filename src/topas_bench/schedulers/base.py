@@ -1,5 +1,5 @@
-"""The policy interface (docs/design.md section 3): the read-only engine view, the decision, the
-policy.
+"""The policy interface (docs/design.md section 3): the decision, what a policy needs of a server,
+the policy.
 
 An engine (the simulator or the SGLang plugin) calls `Policy.decide(view)` at every scheduling
 point. The view is read-only by contract: policies must not mutate anything reachable from it.
@@ -10,131 +10,42 @@ that does not fit stops admission, exactly like SGLang's `PrefillAdder` returnin
 
 Most policies are an ordering of the waiting queue: subclass `OrderingPolicy`, write `sort_key`,
 register the class in `topas_bench.schedulers.registry`. That is the whole cost of a new policy.
+
+The policy API: this module is a policy author's one import (`__all__`). Besides what it
+defines (`Policy`, `OrderingPolicy`, `Decision`, `Standing`, `ProvesStanding`, `ServerNeeds`,
+`Capabilities`, `ContextAction`, `DROP`, `EVICTION_POLICIES`), it re-exports what a policy
+reads and checks, from where it lives: the engine view (`EngineView`, `TaskView`, `PrefixView`,
+`PrefixLocation`; `view.py`), the requests and stages in it (`RequestView`, `StageView`,
+`StageState`; `request.py`), the service estimator (`ServiceEstimator`; `estimator.py`) and a
+parameter's checks (`InvalidParameter`, `reject_unknown`, `require_number`, `require_int`,
+`require_bool`, `MAX_NUMBER`, `MAX_INT`; `validate.py`). The project's own modules import a
+name from where it lives.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from topas_bench.errors import TopasError
 from topas_bench.schedulers.estimator import ServiceEstimator
 from topas_bench.schedulers.request import RequestView, StageState, StageView
+from topas_bench.schedulers.validate import (
+    MAX_INT,
+    MAX_NUMBER,
+    InvalidParameter,
+    reject_unknown,
+    require_bool,
+    require_int,
+    require_number,
+)
+from topas_bench.schedulers.view import EngineView, PrefixLocation, PrefixView, TaskView
 
 #: SGLang 0.5.23's `--radix-eviction-policy` choices the engines mirror (`ServerNeeds.eviction`;
 #: the simulator's orders: `runners.sim.evict`).
 EVICTION_POLICIES = ("lru", "lfu", "slru", "priority")
-
-
-class PrefixLocation(enum.IntEnum):
-    NONE = 0
-    HOST = 1
-    GPU = 2
-
-
-class TaskView(Protocol):
-    @property
-    def id(self) -> str: ...
-    @property
-    def workflow(self) -> str: ...
-    @property
-    def arrival_s(self) -> float: ...
-    @property
-    def attained_s(self) -> float:
-        """Sum of the service its requests received so far (seconds)."""
-        ...
-
-    @property
-    def stages(self) -> Mapping[str, StageView]:
-        """Stages in topological order."""
-        ...
-
-    @property
-    def version(self) -> int:
-        """Changes whenever any stage changes state (lets policies memoise per task)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixView:
-    """An agent's system-prompt prefix as the cache holds it right now."""
-
-    agent: str
-    tokens: int
-    where: PrefixLocation
-    locks: int  # requests currently using it (0 = evictable unless kept)
-    kept: bool  # pinned by the policy's last `keep_prefixes`
-
-
-class EngineView(Protocol):
-    """What a policy sees at a scheduling point. Read-only."""
-
-    @property
-    def now_s(self) -> float: ...
-    @property
-    def kv_budget_tokens(self) -> int: ...
-    @property
-    def running_tokens(self) -> int:
-        """KV held privately by running requests (tokens not in the shared cache)."""
-        ...
-
-    @property
-    def locked_tokens(self) -> int:
-        """Cached tokens locked by running requests or kept by the policy."""
-        ...
-
-    @property
-    def evictable_tokens(self) -> int: ...
-    @property
-    def free_tokens(self) -> int: ...
-    @property
-    def host_capacity_tokens(self) -> int: ...
-    @property
-    def reserved_tokens(self) -> float:
-        """Decode headroom the admission mechanism holds back for running requests."""
-        ...
-
-    @property
-    def waiting(self) -> Sequence[RequestView]: ...
-    @property
-    def running(self) -> Sequence[RequestView]: ...
-    @property
-    def tasks(self) -> Mapping[str, TaskView]: ...
-    @property
-    def estimator(self) -> ServiceEstimator: ...
-    def cached_tokens(self, req: RequestView) -> int:
-        """Tokens of `req`'s prompt that are on the GPU right now (its prefix-cache hit)."""
-        ...
-
-    def prefixes(self) -> Sequence[PrefixView]: ...
-    def admission_need(self, req: RequestView) -> int:
-        """KV tokens admitting `req` would charge against the budget right now."""
-        ...
-
-    def lock_cost(self, req: RequestView) -> int:
-        """Evictable cached tokens on `req`'s matched prefix, which admitting it would lock
-        (and so take out of the admission budget)."""
-        ...
-
-    def admission_costs(self, reqs: Sequence[RequestView]) -> list[int]:
-        """`admission_need(r) + lock_cost(r)` of each request, in order: the same numbers,
-        asked once for a whole queue (an engine may answer it in one pass)."""
-        ...
-
-    def absent_reload_s(self, agent: str) -> float:
-        """Seconds to bring `agent`'s prefix onto the GPU were it not there: a host-tier load
-        when the engine has a host tier (evicted prefixes go there), else the prefill time to
-        recompute it. The cost of moving it in, and of evicting it."""
-        ...
-
-    def reload_s(self, agent: str) -> float:
-        """Seconds to bring `agent`'s prefix onto the GPU now: 0 if resident, a host-tier load
-        if it is on the host, else the prefill time to recompute it."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,74 +298,6 @@ class ContextAction:
 DROP = ContextAction()
 
 
-class InvalidParameter(TopasError):
-    """A scheduler parameter outside its valid range."""
-
-
-def reject_unknown(policy: str, params: Mapping[str, Any], valid: Sequence[str] = ()) -> None:
-    """`InvalidParameter` naming the first of `params` not in `valid`, and the valid names."""
-    unknown = sorted(set(params) - set(valid))
-    if not unknown:
-        return
-    if not valid:
-        raise InvalidParameter(
-            f"scheduler {policy!r} takes no parameters (got {', '.join(unknown)})"
-        )
-    raise InvalidParameter(
-        f"scheduler {policy!r}: unknown parameter {unknown[0]!r}; valid: {', '.join(valid)}"
-    )
-
-
-#: The largest number (`require_number`) and integer (`require_int`) a parameter takes unless
-#: it says otherwise: far beyond any setting that means something, and small enough that a
-#: policy's products of parameters, times and token counts stay finite (`topas.rho=1e308` made
-#: numpy overflow).
-MAX_NUMBER = 1e12
-MAX_INT = 2**31 - 1
-
-
-def require_number(
-    policy: str,
-    name: str,
-    value: object,
-    low: float = 0.0,
-    *,
-    strict: bool = False,
-    high: float = MAX_NUMBER,
-) -> float:
-    """`value` as a finite number >= `low` (> `low` if `strict`) and <= `high`, else
-    `InvalidParameter`."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidParameter(f"{policy}: {name} must be a finite number, got {value!r}")
-    if value < low or (strict and value == low):
-        rng = f"({low:g}, inf)" if strict else f"[{low:g}, inf)"
-        op = ">" if strict else ">="
-        raise InvalidParameter(
-            f"{policy}: {name} must be {op} {low:g} (valid range {rng}), got {value!r}"
-        )
-    _at_most(policy, name, value, high)
-    return float(value)
-
-
-def require_int(policy: str, name: str, value: object, low: int, high: int = MAX_INT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidParameter(f"{policy}: {name} must be an integer >= {low}, got {value!r}")
-    _at_most(policy, name, value, high)
-    return value
-
-
-def _at_most(policy: str, name: str, value: int | float, high: float) -> None:
-    if value > high:
-        shown = f"{value:,}" if isinstance(value, int) and value < 10**15 else f"{value:.3g}"
-        raise InvalidParameter(f"{policy}: {name} must be at most {high:,g}, got {shown}")
-
-
-def require_bool(policy: str, name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidParameter(f"{policy}: {name} must be true or false, got {value!r}")
-    return value
-
-
 class Policy(ABC):
     """A scheduling policy. One instance per run, so state never leaks across runs.
 
@@ -561,6 +404,8 @@ __all__ = [
     "BUDGET_MARGIN",
     "DROP",
     "EVICTION_POLICIES",
+    "MAX_INT",
+    "MAX_NUMBER",
     "SCHEDULE_POLICIES",
     "Capabilities",
     "ContextAction",

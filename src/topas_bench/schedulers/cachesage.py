@@ -44,15 +44,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from topas_bench.schedulers.base import (
-    Decision,
-    EngineView,
-    InvalidParameter,
-    Policy,
-    ServerNeeds,
-    require_int,
-    require_number,
-)
+from topas_bench.schedulers.base import Decision, Policy, ServerNeeds
+from topas_bench.schedulers.validate import InvalidParameter, require_int, require_number
+from topas_bench.schedulers.view import EngineView
 
 #: The lowest prefix class; SGLang's own nodes are 0 (outputs) and 1 (prompts).
 BASE_PRIORITY = 2

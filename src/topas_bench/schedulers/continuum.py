@@ -31,15 +31,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from topas_bench.schedulers.base import (
-    EngineView,
-    OrderingPolicy,
-    RequestView,
-    StageState,
-    StageView,
-    TaskView,
-    require_number,
-)
+from topas_bench.schedulers.base import OrderingPolicy, RequestView, StageState, StageView
+from topas_bench.schedulers.validate import require_number
+from topas_bench.schedulers.view import EngineView, TaskView
 
 
 def expected_send_s(

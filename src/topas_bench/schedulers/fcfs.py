@@ -6,7 +6,8 @@ requests are appended to the queue, which is served in that order.
 
 from __future__ import annotations
 
-from topas_bench.schedulers.base import Decision, EngineView, Policy, ServerNeeds
+from topas_bench.schedulers.base import Decision, Policy, ServerNeeds
+from topas_bench.schedulers.view import EngineView
 
 
 class FCFS(Policy):

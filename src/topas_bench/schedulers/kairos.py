@@ -57,13 +57,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from topas_bench.schedulers.base import (
-    Decision,
-    EngineView,
-    OrderingPolicy,
-    RequestView,
-    require_number,
-)
+from topas_bench.schedulers.base import Decision, OrderingPolicy, RequestView
+from topas_bench.schedulers.validate import require_number
+from topas_bench.schedulers.view import EngineView
 
 F64 = npt.NDArray[np.float64]
 #: Latency samples kept per agent (ours; Kairos profiles offline).

@@ -39,16 +39,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from topas_bench.schedulers.base import (
-    Decision,
-    EngineView,
-    Policy,
-    PrefixLocation,
-    ServerNeeds,
-    StageState,
-    TaskView,
-    require_int,
-)
+from topas_bench.schedulers.base import Decision, Policy, ServerNeeds, StageState
+from topas_bench.schedulers.validate import require_int
+from topas_bench.schedulers.view import EngineView, PrefixLocation, TaskView
 
 #: The priority of the farthest class; SGLang's own nodes are 0 (outputs) and 1 (prompts).
 BASE_PRIORITY = 2

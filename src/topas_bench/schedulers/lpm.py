@@ -24,14 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from topas_bench.schedulers.base import (
-    Decision,
-    EngineView,
-    Policy,
-    RequestView,
-    ServerNeeds,
-    require_int,
-)
+from topas_bench.schedulers.base import Decision, Policy, RequestView, ServerNeeds
+from topas_bench.schedulers.validate import require_int
+from topas_bench.schedulers.view import EngineView
 from topas_bench.workloads.pieces import Piece, common, fill_pieces, length
 
 #: SGLang's `WAITING_QUEUE_PREFIX_MATCH_MAX` and `IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD` (=

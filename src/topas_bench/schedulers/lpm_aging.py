@@ -22,16 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from topas_bench.schedulers.base import (
-    Decision,
-    EngineView,
-    Policy,
-    RequestView,
-    ServerNeeds,
-    require_int,
-    require_number,
-)
+from topas_bench.schedulers.base import Decision, Policy, RequestView, ServerNeeds
 from topas_bench.schedulers.lpm import IN_BATCH_THRESHOLD, PREFIX_MATCH_MAX, in_batch_demotions
+from topas_bench.schedulers.validate import require_int, require_number
+from topas_bench.schedulers.view import EngineView
 
 
 class LPMAging(Policy):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from topas_bench.schedulers.base import EngineView, OrderingPolicy, RequestView
+from topas_bench.schedulers.base import OrderingPolicy, RequestView
+from topas_bench.schedulers.view import EngineView
 
 
 class ParrotFCFS(OrderingPolicy):

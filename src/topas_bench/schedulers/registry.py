@@ -13,7 +13,7 @@ from topas_bench.registry import Registry
 from topas_bench.schedulers import plugins
 from topas_bench.schedulers.astraea import Astraea, AstraeaOracle
 from topas_bench.schedulers.autellix import Autellix
-from topas_bench.schedulers.base import Capabilities, Policy, reject_unknown, sim_only_error
+from topas_bench.schedulers.base import Capabilities, Policy, sim_only_error
 from topas_bench.schedulers.cachesage import CacheSage
 from topas_bench.schedulers.continuum import Continuum
 from topas_bench.schedulers.fcfs import FCFS
@@ -38,6 +38,7 @@ from topas_bench.schedulers.topas import (
     TopasNoReuse,
     TopasPrevScore,
 )
+from topas_bench.schedulers.validate import reject_unknown
 
 #: A policy class, or a `StockRow`: called with a scheduler's parameters, a fresh policy.
 PolicyFactory = Callable[..., Policy]

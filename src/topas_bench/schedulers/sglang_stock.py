@@ -43,16 +43,14 @@ from topas_bench.schedulers.base import (
     EVICTION_POLICIES,
     SCHEDULE_POLICIES,
     Decision,
-    EngineView,
-    InvalidParameter,
     Policy,
     RequestView,
     ServerNeeds,
-    reject_unknown,
-    require_int,
 )
 from topas_bench.schedulers.fcfs import FCFS
 from topas_bench.schedulers.lpm import LPM
+from topas_bench.schedulers.validate import InvalidParameter, reject_unknown, require_int
+from topas_bench.schedulers.view import EngineView
 
 #: `--schedule-policy` values SGLang 0.5.23's argument parser accepts (`arg_groups/fields/
 #: schedule.py`) that are no scheduler here, and why.

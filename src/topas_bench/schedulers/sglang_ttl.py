@@ -39,13 +39,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from topas_bench.schedulers.base import (
-    Decision,
-    EngineView,
-    Policy,
-    RequestView,
-    require_number,
-)
+from topas_bench.schedulers.base import Decision, Policy, RequestView
+from topas_bench.schedulers.validate import require_number
+from topas_bench.schedulers.view import EngineView
 
 
 class SglangTTL(Policy):

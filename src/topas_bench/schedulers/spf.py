@@ -9,14 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from topas_bench.schedulers.base import (
-    Decision,
-    EngineView,
-    OrderingPolicy,
-    RequestView,
-    StageState,
-    TaskView,
-)
+from topas_bench.schedulers.base import Decision, OrderingPolicy, RequestView, StageState
+from topas_bench.schedulers.view import EngineView, TaskView
 
 
 def expected_remaining_s(

@@ -52,16 +52,13 @@ from topas_bench.schedulers.base import (
     DROP,
     ContextAction,
     Decision,
-    EngineView,
-    InvalidParameter,
     Policy,
     RequestView,
     StageState,
-    TaskView,
-    require_bool,
-    require_number,
 )
 from topas_bench.schedulers.toolwait import Shape, host_load_s, shapes, stall_s, usage
+from topas_bench.schedulers.validate import InvalidParameter, require_bool, require_number
+from topas_bench.schedulers.view import EngineView, TaskView
 
 #: `request_score`'s weights (pku-lemonade/TokenCake `vllm/tokencake/scheduling.py`).
 WEIGHTS = {

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topas_bench.schedulers.base import EngineView, TaskView
 from topas_bench.schedulers.continuum import expected_send_s, next_turn
+from topas_bench.schedulers.view import EngineView, TaskView
 
 #: The tool time assumed before any has been observed (TokenCake's `default_stall_s`,
 #: pku-lemonade/TokenCake `vllm/tokencake/config.py`).

@@ -18,7 +18,8 @@ import logging
 import math
 from collections.abc import Callable
 
-from topas_bench.schedulers.base import Decision, EngineView, Policy, RequestView, Standing
+from topas_bench.schedulers.base import Decision, Policy, RequestView, Standing
+from topas_bench.schedulers.view import EngineView
 
 LOGGER = logging.getLogger("topas_bench.sglang")
 

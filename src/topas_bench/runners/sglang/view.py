@@ -18,8 +18,8 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-
 from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore[import-not-found]
 
 from topas_bench.runners.sglang.tracker import TrackedRequest, TrackedTask, Tracker
-from topas_bench.schedulers.base import PrefixLocation, PrefixView
 from topas_bench.schedulers.estimator import ServiceEstimator
+from topas_bench.schedulers.view import PrefixLocation, PrefixView
 
 
 class ServerState(Protocol):

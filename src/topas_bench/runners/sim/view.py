@@ -17,8 +17,9 @@ from topas_bench.runners.sim.cost import CostModel
 from topas_bench.runners.sim.radix import Node, RadixCache
 from topas_bench.runners.sim.state import SimRequest
 from topas_bench.runners.workflow import TaskRun
-from topas_bench.schedulers.base import PrefixLocation, PrefixView, RequestView, TaskView
+from topas_bench.schedulers.base import RequestView
 from topas_bench.schedulers.estimator import ServiceEstimator
+from topas_bench.schedulers.view import PrefixLocation, PrefixView, TaskView
 from topas_bench.workloads.model import agent_key
 
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from topas_bench.schedulers.base import (
+from topas_bench.schedulers.validate import (
     InvalidParameter,
     require_bool,
     require_int,

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topas_bench.schedulers.base import StageState, TaskView
+from topas_bench.schedulers.base import StageState
 from topas_bench.schedulers.estimator import ServiceEstimator
+from topas_bench.schedulers.view import TaskView
 
 
 @dataclass(frozen=True, slots=True)

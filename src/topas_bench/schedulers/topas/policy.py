@@ -24,10 +24,7 @@ from typing import Any, ClassVar
 from topas_bench.schedulers.base import (
     Capabilities,
     Decision,
-    EngineView,
     Policy,
-    PrefixLocation,
-    PrefixView,
     ProvesStanding,
     RequestView,
     ServerNeeds,
@@ -40,6 +37,7 @@ from topas_bench.schedulers.topas.paths import TaskPath, task_path
 from topas_bench.schedulers.topas.search import AgentInfo, score_set, search
 from topas_bench.schedulers.topas.standing import Certificate
 from topas_bench.schedulers.topas.standing_inputs import Pool
+from topas_bench.schedulers.view import EngineView, PrefixLocation, PrefixView
 
 
 class Topas(Policy):

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from topas_bench.schedulers.base import EngineView
 from topas_bench.schedulers.topas.pack import Candidate, PackInputs
 from topas_bench.schedulers.topas.params import TopasParams
 from topas_bench.schedulers.topas.paths import TaskPath
 from topas_bench.schedulers.topas.search import AgentInfo, Choice
+from topas_bench.schedulers.view import EngineView
 
 #: Relative slack for rounding: a comparison closer than this is taken as able to flip.
 EPS = 1e-9

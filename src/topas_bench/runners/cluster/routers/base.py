@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from topas_bench.errors import TopasError
-from topas_bench.schedulers.base import TaskView
+from topas_bench.schedulers.view import TaskView
 from topas_bench.workloads.pieces import Piece
 
 
