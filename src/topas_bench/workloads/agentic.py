@@ -30,15 +30,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
-from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
+from topas_bench.workloads.lengths import METAGPT_CAP
+from topas_bench.workloads.model import Agent, Segment, Stage, agent_key, output_key
 from topas_bench.workloads.params import check_params
-from topas_bench.workloads.registry import build_workload, uniform_tokens
+from topas_bench.workloads.registry import family, uniform_tokens
 
 Range = tuple[int, int]
 
@@ -94,7 +93,6 @@ class CodeAgentParams:
     max_tokens_cap: int = METAGPT_CAP  # the cap of max_tokens=cap
 
     def __post_init__(self) -> None:
-        check_mode(self.max_tokens)
         check_params(self)
         if not 0.0 <= self.test_fraction <= 1.0:
             raise TopasError(f"test_fraction must be in [0, 1], got {self.test_fraction!r}")
@@ -132,13 +130,7 @@ def _code_stages(p: CodeAgentParams, task_id: str, rng: np.random.Generator) -> 
     return tuple(stages)
 
 
-def make_code_agent(
-    num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]
-) -> Workload:
-    return build_workload(
-        "code-agent", CodeAgentParams, overrides, _code_agents, _code_stages, num_tasks,
-        rate_per_s, seed,
-    )  # fmt: skip
+make_code_agent = family("code-agent", CodeAgentParams, _code_agents, _code_stages)
 
 
 # --- deep-research ----------------------------------------------------------------------------
@@ -171,7 +163,6 @@ class DeepResearchParams:
     max_tokens_cap: int = METAGPT_CAP  # the cap of max_tokens=cap
 
     def __post_init__(self) -> None:
-        check_mode(self.max_tokens)
         check_params(self)
         _check_waits(
             ("search", self.search_median_s, self.search_p90_s),
@@ -219,10 +210,4 @@ def _research_stages(
     return tuple(stages)
 
 
-def make_deep_research(
-    num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]
-) -> Workload:
-    return build_workload(
-        "deep-research", DeepResearchParams, overrides, _research_agents, _research_stages,
-        num_tasks, rate_per_s, seed,
-    )  # fmt: skip
+make_deep_research = family("deep-research", DeepResearchParams, _research_agents, _research_stages)

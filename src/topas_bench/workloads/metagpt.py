@@ -36,15 +36,15 @@ before it (both workflows are sequential per task). The prefix mode changes no s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
-from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
+from topas_bench.workloads.lengths import METAGPT_CAP
+from topas_bench.workloads.model import Agent, Segment, Stage, agent_key, output_key
 from topas_bench.workloads.params import check_params
-from topas_bench.workloads.registry import build_workload, uniform_tokens
+from topas_bench.workloads.registry import family, uniform_tokens
 
 Range = tuple[int, int]
 
@@ -65,6 +65,41 @@ PM, ARCH, PROJ, ENG, QA, TL = (
     "QaEngineer",
     "TeamLeader",
 )
+#: Each agent's parameter names start with its stem: ``pm_prefix_tokens``, ...
+STEM = {PM: "pm", ARCH: "architect", PROJ: "project_manager", ENG: "engineer", QA: "qa", TL: "tl"}
+
+
+class _Prefixes:
+    """What `SopParams` and `TlParams` share: per agent of `_AGENTS` (their order), a full
+    prefix ``<STEM>_prefix_tokens`` and the part of it MetaGPT really shares
+    ``<STEM>_<_SHARED>_tokens``, checked (`_TOO_LONG`) and split by the prefix mode alike."""
+
+    _AGENTS: ClassVar[tuple[str, ...]]
+    _SHARED: ClassVar[str]
+    _TOO_LONG: ClassVar[str]  # formatted with name, shared and full
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    prefix_mode: str
+
+    def __post_init__(self) -> None:
+        check_prefix_mode(self.prefix_mode)
+        check_params(self)
+        for name in self._AGENTS:
+            full, shared = self._pair(name)
+            if shared > full:
+                raise TopasError(self._TOO_LONG.format(name=name, shared=shared, full=full))
+
+    def _pair(self, agent: str) -> tuple[int, int]:
+        stem = STEM[agent]
+        full = getattr(self, f"{stem}_prefix_tokens")
+        return full, getattr(self, f"{stem}_{self._SHARED}_tokens")
+
+    def split(self, agent: str) -> tuple[int, int]:
+        """(shared prefix, per-call rest of the prefix: template or system prompt) of `agent`."""
+        full, shared = self._pair(agent)
+        return (full, 0) if self.prefix_mode == "cache-friendly" else (shared, full - shared)
+
+    def agents(self) -> tuple[Agent, ...]:
+        return tuple(Agent(name, self.split(name)[0]) for name in self._AGENTS)
 
 
 def _input(task_id: str, tokens: int) -> Segment:
@@ -97,7 +132,7 @@ def _chain_stage(
 
 
 @dataclass(frozen=True)
-class SopParams:
+class SopParams(_Prefixes):
     """MetaGPT 0.8.2 SOP (docs/metagpt-facts.md, "MetaGPT-SOP"): prefix = system prefix + fixed
     template.
 
@@ -106,6 +141,10 @@ class SopParams:
     prefixes; ``faithful`` keeps the ``*_system_tokens`` of each in front and moves the rest
     (the fixed template) behind the job's content.
     """
+
+    _AGENTS: ClassVar = (PM, ARCH, PROJ, ENG, QA)
+    _SHARED: ClassVar = "system"
+    _TOO_LONG: ClassVar = "a *_system_tokens ({shared}) exceeds its prefix ({full})"
 
     pm_prefix_tokens: int = 41 + 875  # ProductManager / WritePRD: system + template
     architect_prefix_tokens: int = 47 + 674  # Architect / WriteDesign
@@ -130,32 +169,6 @@ class SopParams:
     max_tokens: str = "cap"  # cap | exact: the max_tokens the client sends (lengths.py)
     max_tokens_cap: int = METAGPT_CAP  # MetaGPT's LLMConfig.max_token
 
-    def __post_init__(self) -> None:
-        check_prefix_mode(self.prefix_mode)
-        check_mode(self.max_tokens)
-        check_params(self)
-        for full, shared in self._pairs():
-            if shared > full:
-                raise TopasError(f"a *_system_tokens ({shared}) exceeds its prefix ({full})")
-
-    def _pairs(self) -> tuple[tuple[int, int], ...]:
-        return (
-            (self.pm_prefix_tokens, self.pm_system_tokens),
-            (self.architect_prefix_tokens, self.architect_system_tokens),
-            (self.project_manager_prefix_tokens, self.project_manager_system_tokens),
-            (self.engineer_prefix_tokens, self.engineer_system_tokens),
-            (self.qa_prefix_tokens, self.qa_system_tokens),
-        )
-
-    def split(self, agent_index: int) -> tuple[int, int]:
-        """(shared prefix, per-call template after the content) of agent `agent_index`."""
-        full, shared = self._pairs()[agent_index]
-        return (full, 0) if self.prefix_mode == "cache-friendly" else (shared, full - shared)
-
-
-def _sop_agents(p: SopParams) -> tuple[Agent, ...]:
-    return tuple(Agent(name, p.split(i)[0]) for i, name in enumerate((PM, ARCH, PROJ, ENG, QA)))
-
 
 def _sop_stages(p: SopParams, task_id: str, rng: np.random.Generator) -> tuple[Stage, ...]:
     """PRD <- requirement; design <- PRD; tasks <- design; code <- design + tasks; test <- code."""
@@ -175,30 +188,31 @@ def _sop_stages(p: SopParams, task_id: str, rng: np.random.Generator) -> tuple[S
     )
     stages = []
     for i, (agent, body, kind) in enumerate(plan):
-        prefix, template = p.split(i)
+        prefix, template = p.split(agent)
         if template:  # faithful: the fixed template follows the job's content
             body = [*body, Segment(f"{task_id}/s{i}/tmpl", template)]
         stages.append(_chain_stage(i, agent, prefix, body, out[i], kind, p.delay_s))
     return tuple(stages)
 
 
-def make_sop(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]) -> Workload:
-    return build_workload(
-        "metagpt-sop", SopParams, overrides, _sop_agents, _sop_stages, num_tasks, rate_per_s, seed
-    )
+make_sop = family("metagpt-sop", SopParams, SopParams.agents, _sop_stages)
 
 
 # --- metagpt-tl -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class TlParams:
+class TlParams(_Prefixes):
     """MetaGPT main ("1.0") TeamLeader workflow, docs/metagpt-facts.md "MetaGPT-TL" section.
 
     Prefixes are the measured RoleZero system prompts (docs/metagpt-facts.md "MetaGPT-TL",
     ``system_prompt_total``); outputs come from docs/metagpt-facts.md "Output lengths", ranges
     centred on its "~" figures where it gives only a typical value.
     """
+
+    _AGENTS: ClassVar = (TL, PM, ARCH, PROJ, ENG)
+    _SHARED: ClassVar = "before_timestamp"
+    _TOO_LONG: ClassVar = "{name}: tokens before the timestamp ({shared}) exceed {full}"
 
     # faithful mode: each prefix is cut at its timestamp ("tokens_before_timestamp")
     tl_before_timestamp_tokens: int = 25
@@ -229,29 +243,6 @@ class TlParams:
     prefix_mode: str = PREFIX_MODES[0]  # cache-friendly | faithful (module docstring)
     max_tokens: str = "cap"  # cap | exact: the max_tokens the client sends (lengths.py)
     max_tokens_cap: int = METAGPT_CAP  # MetaGPT's LLMConfig.max_token
-
-    def __post_init__(self) -> None:
-        check_prefix_mode(self.prefix_mode)
-        check_mode(self.max_tokens)
-        check_params(self)
-        for name in (TL, PM, ARCH, PROJ, ENG):
-            full, cut = self._pair(name)
-            if cut > full:
-                raise TopasError(f"{name}: tokens before the timestamp ({cut}) exceed {full}")
-
-    def _pair(self, agent: str) -> tuple[int, int]:
-        stem = {TL: "tl", PM: "pm", ARCH: "architect", PROJ: "project_manager", ENG: "engineer"}
-        full = getattr(self, f"{stem[agent]}_prefix_tokens")
-        return full, getattr(self, f"{stem[agent]}_before_timestamp_tokens")
-
-    def split(self, agent: str) -> tuple[int, int]:
-        """(shared prefix, per-call rest of the system prompt) of `agent`."""
-        full, cut = self._pair(agent)
-        return (full, 0) if self.prefix_mode == "cache-friendly" else (cut, full - cut)
-
-
-def _tl_agents(p: TlParams) -> tuple[Agent, ...]:
-    return tuple(Agent(name, p.split(name)[0]) for name in (TL, PM, ARCH, PROJ, ENG))
 
 
 def _tl_stages(p: TlParams, task_id: str, rng: np.random.Generator) -> tuple[Stage, ...]:
@@ -296,7 +287,4 @@ def _tl_stages(p: TlParams, task_id: str, rng: np.random.Generator) -> tuple[Sta
     return tuple(stages)
 
 
-def make_tl(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]) -> Workload:
-    return build_workload(
-        "metagpt-tl", TlParams, overrides, _tl_agents, _tl_stages, num_tasks, rate_per_s, seed
-    )
+make_tl = family("metagpt-tl", TlParams, TlParams.agents, _tl_stages)

@@ -42,17 +42,16 @@ memory needs capping here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
+from topas_bench.workloads.lengths import METAGPT_CAP
 from topas_bench.workloads.metagpt import ARCH, ENG, PM, PREFIX_MODES, PROJ, QA, check_prefix_mode
 from topas_bench.workloads.metagpt_ideas import delay_s, sample_idea
-from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
+from topas_bench.workloads.model import Agent, Segment, Stage, agent_key, output_key
 from topas_bench.workloads.params import check_params
-from topas_bench.workloads.registry import build_workload, uniform_tokens
+from topas_bench.workloads.registry import family, uniform_tokens
 
 Range = tuple[int, int]
 REVIEW, RUN = f"{ENG}.review", f"{QA}.run"
@@ -101,7 +100,6 @@ class SopFullParams:
 
     def __post_init__(self) -> None:
         check_prefix_mode(self.prefix_mode)
-        check_mode(self.max_tokens)
         if self.qa not in ("on", "off"):
             raise TopasError(f"qa must be on or off, got {self.qa!r}")
         check_params(self)
@@ -204,9 +202,4 @@ def _stages(p: SopFullParams, task_id: str, rng: np.random.Generator) -> tuple[S
     return tuple(job.stages)
 
 
-def make_sop_full(
-    num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]
-) -> Workload:
-    return build_workload(
-        "metagpt-sop-full", SopFullParams, overrides, _agents, _stages, num_tasks, rate_per_s, seed
-    )
+make_sop_full = family("metagpt-sop-full", SopFullParams, _agents, _stages)

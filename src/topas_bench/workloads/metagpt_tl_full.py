@@ -48,23 +48,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from topas_bench.errors import TopasError
-from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
-from topas_bench.workloads.metagpt import ARCH, ENG, PM, PREFIX_MODES, PROJ, TL, check_prefix_mode
+from topas_bench.workloads.lengths import METAGPT_CAP
+from topas_bench.workloads.metagpt import (
+    ARCH,
+    ENG,
+    PM,
+    PREFIX_MODES,
+    PROJ,
+    STEM,
+    TL,
+    check_prefix_mode,
+)
 from topas_bench.workloads.metagpt_ideas import delay_s, sample_idea
-from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
+from topas_bench.workloads.model import Agent, Segment, Stage, agent_key, output_key
 from topas_bench.workloads.params import check_params
-from topas_bench.workloads.registry import build_workload, uniform_tokens
+from topas_bench.workloads.registry import family, uniform_tokens
 
 Range = tuple[int, int]
 Message = tuple[Segment, ...]
 QUICK, WRITE = f"{TL}.quick", f"{ENG}.write"
 ROLES = (TL, PM, ARCH, PROJ, ENG)
-_STEM = {TL: "tl", PM: "pm", ARCH: "architect", PROJ: "project_manager", ENG: "engineer"}
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,6 @@ class TlFullParams:
 
     def __post_init__(self) -> None:
         check_prefix_mode(self.prefix_mode)
-        check_mode(self.max_tokens)
         check_params(self)
         if self.plan_tasks[0] < 3:
             raise TopasError(f"plan_tasks must be at least 3, got {self.plan_tasks}")
@@ -129,13 +135,13 @@ class TlFullParams:
                 raise TopasError(f"{role}: tokens before the timestamp exceed its prompts")
 
     def system(self, role: str) -> int:
-        return int(getattr(self, f"{_STEM[role]}_system_tokens"))
+        return int(getattr(self, f"{STEM[role]}_system_tokens"))
 
     def info(self, role: str) -> int:
-        return int(getattr(self, f"{_STEM[role]}_info_tokens"))
+        return int(getattr(self, f"{STEM[role]}_info_tokens"))
 
     def cut(self, role: str) -> int:
-        return int(getattr(self, f"{_STEM[role]}_before_timestamp_tokens"))
+        return int(getattr(self, f"{STEM[role]}_before_timestamp_tokens"))
 
     @property
     def keep_tokens(self) -> int:
@@ -295,9 +301,4 @@ def _stages(p: TlFullParams, task_id: str, rng: np.random.Generator) -> tuple[St
     return tuple(job.stages)
 
 
-def make_tl_full(
-    num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]
-) -> Workload:
-    return build_workload(
-        "metagpt-tl-full", TlFullParams, overrides, _agents, _stages, num_tasks, rate_per_s, seed
-    )
+make_tl_full = family("metagpt-tl-full", TlFullParams, _agents, _stages)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 import numpy as np
 
 from topas_bench.errors import TopasError
+from topas_bench.workloads import lengths
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -45,7 +46,10 @@ def check_params(params: DataclassInstance) -> None:
     A field's kind is read from its default: an ``int`` is a positive token count; a
     ``tuple`` is an inclusive ``(low, high)`` token range, 0 < low <= high, which may also be
     given as a list or as one int (a fixed length); a ``float`` (a delay) is finite and >= 0.
+    A ``max_tokens`` field (the client's length setting, `lengths`) is checked first.
     """
+    if hasattr(params, lengths.MODE):
+        lengths.check_mode(getattr(params, lengths.MODE))
     for f in fields(params):
         value = getattr(params, f.name)
         if isinstance(f.default, tuple):

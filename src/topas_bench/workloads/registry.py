@@ -197,6 +197,22 @@ def build_workload(
     return Workload(name, agents(params), tuple(tasks), record, seed, generator=name)
 
 
+def family(
+    name: str,
+    params_cls: type[P],
+    agents: Callable[[P], tuple[Agent, ...]],
+    stages: Callable[[P, str, np.random.Generator], tuple[Stage, ...]],
+) -> MakeFn:
+    """A family's `make`: `build_workload` with these parts."""
+
+    def make(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]) -> Workload:
+        return build_workload(
+            name, params_cls, overrides, agents, stages, num_tasks, rate_per_s, seed
+        )
+
+    return make
+
+
 def scale_outputs(stages: tuple[Stage, ...], task_id: str, scale: float) -> tuple[Stage, ...]:
     """`stages` with every true output and every prompt segment reading one of this task's
     outputs (`output_key`) times `scale`, rounded half to even, at least one token. A call's

@@ -24,14 +24,13 @@ dag4 16,384) or exceed it (dag10-wide 40,960): the contention a prefix-aware sch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from topas_bench.workloads.lengths import METAGPT_CAP, check_mode
-from topas_bench.workloads.model import Agent, Segment, Stage, Workload, agent_key, output_key
+from topas_bench.workloads.lengths import METAGPT_CAP
+from topas_bench.workloads.model import Agent, Segment, Stage, agent_key, output_key
 from topas_bench.workloads.params import check_params
-from topas_bench.workloads.registry import MakeFn, build_workload
+from topas_bench.workloads.registry import MakeFn, family
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,6 @@ class SyntheticParams:
     max_tokens_cap: int = METAGPT_CAP  # the cap of max_tokens=cap
 
     def __post_init__(self) -> None:
-        check_mode(self.max_tokens)
         check_params(self)
 
 
@@ -102,19 +100,12 @@ def _stages(
 
 
 def _family(name: str, shape: tuple[_Node, ...]) -> MakeFn:
-    def make(num_tasks: int, rate_per_s: float, seed: int, overrides: dict[str, Any]) -> Workload:
-        return build_workload(
-            name,
-            SyntheticParams,
-            overrides,
-            lambda p: _agents(shape, p),
-            lambda p, task_id, rng: _stages(shape, p, task_id, rng),
-            num_tasks,
-            rate_per_s,
-            seed,
-        )
-
-    return make
+    return family(
+        name,
+        SyntheticParams,
+        lambda p: _agents(shape, p),
+        lambda p, task_id, rng: _stages(shape, p, task_id, rng),
+    )
 
 
 make_chain3 = _family("chain3", CHAIN3)
