@@ -22,7 +22,7 @@ from topas_bench.cli_common import (
 )
 from topas_bench.cli_help import ReflowGroup
 from topas_bench.cli_history import history_app
-from topas_bench.recorder.cli import trace_app
+from topas_bench.cli_trace import trace_app
 
 app = typer.Typer(
     cls=ReflowGroup,

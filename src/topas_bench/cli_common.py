@@ -1,7 +1,7 @@
 """What every `topas-bench` command shares: the two consoles, error handling (one line on
 stderr and exit code 2; 70 for a bug), output-path checks and `key=value` parsing.
 
-The command modules (`cli`, `cli_analysis`, `recorder.cli`, `cli_gpu`) import this
+The command modules (`cli`, `cli_analysis`, `cli_trace`, `cli_gpu`) import this
 module and never each other, so the command line has no import cycle.
 """
 

@@ -12,6 +12,7 @@ end, outside the event loop. The real client journals each finished task's rows 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -43,6 +44,36 @@ _REQUEST_ATTRS = attrgetter(
     "cached_tokens", "sent_s", "first_admitted_s", "admitted_s", "first_token_s", "finish_s",
     "preemptions", "service_s",
 )  # fmt: skip
+
+
+def replica_summary(
+    replica: int,
+    requests: pd.DataFrame,
+    tasks: pd.DataFrame,
+    span_s: float,
+    busy_s: float | None,
+    cached: float,
+    prompt: float,
+    preemptions: float,
+    url: str | None = None,
+) -> dict[str, Any]:
+    """One replica's summary, as both cluster engines report it (`per_replica` of the
+    simulated cluster and of SGLang replicas): its calls and tasks, the share of the run's
+    span it was busy (None: not known), the calls it held on average, its prefix hit rate over
+    `prompt` tokens, preemptions, finished tasks' mean JCT and its calls' mean latency."""
+    latency = (requests["finish_s"] - requests["ready_s"]).to_numpy(dtype=float)
+    return {
+        "replica": replica, **({"url": url} if url is not None else {}),
+        "requests": len(requests),
+        "busy_fraction": busy_s / span_s if span_s > 0 and busy_s is not None else math.nan,
+        "mean_in_system": float(latency.sum()) / span_s if span_s > 0 else math.nan,
+        "prefix_hit_rate": cached / prompt if prompt else math.nan,
+        "admitted_prompt_tokens": prompt,
+        "preemptions": preemptions,
+        "tasks_finished": len(tasks),
+        "mean_jct_s": float(tasks["jct_s"].mean()) if len(tasks) else math.nan,
+        "mean_latency_s": float(latency.mean()) if len(requests) else math.nan,
+    }  # fmt: skip
 
 
 def request_row(r: object, status: str) -> tuple[Any, ...]:

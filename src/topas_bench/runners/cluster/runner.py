@@ -11,7 +11,6 @@ preemptions, tasks finished there and their mean JCT, mean request latency.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ import pandas as pd
 from topas_bench.plan import Cell, RunPlan, Served
 from topas_bench.runners.cluster.routers import Cluster, make_router
 from topas_bench.runners.cluster.sim import ClusterResult, ClusterSim
+from topas_bench.runners.records import replica_summary
 from topas_bench.runners.sim.cost import CostModel
 from topas_bench.schedulers.registry import make_policy
 
@@ -78,17 +78,6 @@ def per_replica(
     for i, r in enumerate(res.replicas):
         q = requests[requests["replica"] == i]
         t = tasks[tasks["replica"] == i]
-        latency = (q["finish_s"] - q["ready_s"]).to_numpy(dtype=float)
-        out.append({
-            "replica": i,
-            "requests": len(q),
-            "busy_fraction": res.busy_s[i] / span if span > 0 else math.nan,
-            "mean_in_system": float(latency.sum()) / span if span > 0 else math.nan,
-            "prefix_hit_rate": r.cached_tokens / r.prefill_tokens if r.prefill_tokens else math.nan,
-            "admitted_prompt_tokens": r.prefill_tokens,
-            "preemptions": r.preemptions,
-            "tasks_finished": len(t),
-            "mean_jct_s": float(t["jct_s"].mean()) if len(t) else math.nan,
-            "mean_latency_s": float(latency.mean()) if len(q) else math.nan,
-        })  # fmt: skip
+        out.append(replica_summary(i, q, t, span, res.busy_s[i], r.cached_tokens,
+                                   r.prefill_tokens, r.preemptions))  # fmt: skip
     return out

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from topas_bench.runners.records import TIMELINE_COLUMNS
+from topas_bench.runners.records import TIMELINE_COLUMNS, replica_summary
 from topas_bench.runners.sglang.fleet import Fleet
 
 
@@ -69,19 +69,7 @@ def per_replica(
         tl = timeline[timeline["replica"] == i]
         cached = q["cached_tokens"].astype(float)
         prompt = float(q["prompt_tokens"][cached.notna()].sum())
-        latency = (q["finish_s"] - q["ready_s"]).to_numpy(dtype=float)
-        busy = float(tl["duration_s"].astype(float).sum())
-        out.append({
-            "replica": i,
-            "url": w.url,
-            "requests": len(q),
-            "busy_fraction": busy / span if span > 0 and len(tl) else math.nan,
-            "mean_in_system": float(latency.sum()) / span if span > 0 else math.nan,
-            "prefix_hit_rate": float(cached.sum()) / prompt if prompt else math.nan,
-            "admitted_prompt_tokens": prompt,
-            "preemptions": math.nan,
-            "tasks_finished": len(t),
-            "mean_jct_s": float(t["jct_s"].mean()) if len(t) else math.nan,
-            "mean_latency_s": float(latency.mean()) if len(q) else math.nan,
-        })  # fmt: skip
+        busy = float(tl["duration_s"].astype(float).sum()) if len(tl) else None
+        out.append(replica_summary(i, q, t, span, busy, float(cached.sum()), prompt, math.nan,
+                                   url=w.url))  # fmt: skip
     return out
