@@ -53,10 +53,29 @@
                  array: v.map(function (x, k) { return hi[k] === null ? 0 : hi[k] - x; }),
                  arrayminus: v.map(function (x, k) { return lo[k] === null ? 0 : x - lo[k]; }) },
     };
+    // a far outlier (more than 2.5 times the median) would squash every other point: the axis
+    // stops short of it and a note at the edge names it with its value (zoom out to see it)
+    var sorted = v.filter(function (x) { return x !== null; }).sort(function (a, b) { return a - b; });
+    var median = sorted.length ? sorted[Math.floor(sorted.length / 2)] : 0;
+    var far = idx.filter(function (i) { return d.lower && d.v[i] > 2.5 * median; });
+    var near = idx.filter(function (i) { return far.indexOf(i) < 0; });
+    var range;
+    if (far.length && near.length) {
+      var lows = near.map(function (i) { return d.lo[i] === null ? d.v[i] : d.lo[i]; });
+      var highs = near.map(function (i) { return d.hi[i] === null ? d.v[i] : d.hi[i]; });
+      var lo0 = Math.min.apply(null, lows), hi0 = Math.max.apply(null, highs);
+      range = [lo0 - 0.05 * (hi0 - lo0), hi0 + 0.12 * (hi0 - lo0)];
+    }
+    var notes = far.map(function (i) {
+      return { xref: "paper", x: 1, y: d.s[i], xanchor: "right", showarrow: false,
+               text: d.s[i] + " " + fmt(d.v[i], d.unit) + " " + d.unit + " →",
+               font: { size: 10, color: "#5b6570" } };
+    });
     return draw(el, [trace], {
       height: Math.max(220, 24 * s.length + 70), margin: { l: 120, r: 20, t: 30, b: 45 },
+      annotations: range ? notes : [],
       xaxis: { title: { text: d.label + " (" + d.unit + "), 95% interval over seeds" },
-               zeroline: false, gridcolor: "#eee" },
+               range: range, zeroline: false, gridcolor: "#eee" },
       yaxis: { autorange: "reversed", automargin: true },
       title: { text: d.lower ? "lower is better" : "higher is better",
                font: { size: 11, color: "#5b6570" }, x: 0.01, y: 0.99 },
