@@ -16,7 +16,7 @@ from topas_bench.analysis.figures import write_figures
 from topas_bench.analysis.history import load, plot
 from topas_bench.analysis.plotting import common_setting, split_label
 from topas_bench.analysis.report import build_report
-from topas_bench.analysis.timeline import _binned, busiest_window, in_system
+from topas_bench.analysis.timeline import binned, busiest_window, in_system
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +91,11 @@ def test_binned_spreads_a_long_iteration_over_every_bin_it_covers() -> None:
     tl = pd.DataFrame({"t_s": [0.0, 6.0], "duration_s": [4.0, 2.0]})
     edges = np.arange(0.0, 9.0, 1.0)
     values = np.array([10.0, 4.0])
-    activity = _binned(tl, values, edges, state=False)
+    activity = binned(tl, values, edges, state=False)
     assert activity.tolist() == [10, 10, 10, 10, 0, 0, 4, 4]
-    state = _binned(tl, values, edges, state=True)  # what the cache holds stays while idle
+    state = binned(tl, values, edges, state=True)  # what the cache holds stays while idle
     assert state.tolist() == [10, 10, 10, 10, 10, 10, 4, 4]
-    half = _binned(tl, values, np.array([3.0, 7.0]), state=False)  # 1 s at 10, 1 s at 4
+    half = binned(tl, values, np.array([3.0, 7.0]), state=False)  # 1 s at 10, 1 s at 4
     assert half.tolist() == [7.0]
 
 

@@ -26,7 +26,7 @@ import pandas as pd
 
 from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.figures import main_groups
-from topas_bench.analysis.timeline import _agents, _binned, _residency, in_system
+from topas_bench.analysis.timeline import binned, in_system, residency, resident_agents_of
 from topas_bench.errors import TopasError
 from topas_bench.results import read_table
 
@@ -117,7 +117,7 @@ def timeline_table(coll: Collection, rows: pd.DataFrame) -> pd.DataFrame:
         mids = (edges[:-1] + edges[1:]) / 2
         coarse = np.linspace(start, end, POINTS // 2 + 1)
         coarse_mids = (coarse[:-1] + coarse[1:]) / 2
-        agents = sorted({a for d in data.values() for a in _agents(d["timeline"])})
+        agents = sorted({a for d in data.values() for a in resident_agents_of(d["timeline"])})
         first = g.iloc[0]
         for s in shown:
             tl, tasks, dec = data[s]["timeline"], data[s]["tasks"], data[s]["decisions"]
@@ -130,13 +130,13 @@ def timeline_table(coll: Collection, rows: pd.DataFrame) -> pd.DataFrame:
             preempted = np.concatenate([[0.0], n_dec])[at]
             out += [
                 _series("in_system", mids, in_system(tasks, mids).astype(float), base),
-                _series("waiting", mids, _binned(tl, tl["waiting"].to_numpy(dtype=float),
+                _series("waiting", mids, binned(tl, tl["waiting"].to_numpy(dtype=float),
                                                   edges, state=True), base),
-                _series("kv_used_tokens", mids, _binned(
+                _series("kv_used_tokens", mids, binned(
                     tl, tl["kv_used_tokens"].to_numpy(dtype=float), edges, state=False), base),
                 _series("preemptions", mids, preempted, base),
             ]  # fmt: skip
-            res = _residency(tl, agents, coarse)
+            res = residency(tl, agents, coarse)
             out += [_series(f"resident:{a}", coarse_mids, res[i], base)
                     for i, a in enumerate(agents)]  # fmt: skip
     return _six(pd.concat(out, ignore_index=True)) if out else pd.DataFrame()

@@ -39,7 +39,7 @@ STYLES = ("-", "--", ":")
 WINDOW = 0.2
 
 
-def _binned(tl: pd.DataFrame, values: np.ndarray, edges: np.ndarray, state: bool) -> np.ndarray:
+def binned(tl: pd.DataFrame, values: np.ndarray, edges: np.ndarray, state: bool) -> np.ndarray:
     """Duration-weighted mean of `values` per time bin, each iteration row counted in every bin
     it overlaps (a 30 s decode run spans many bins). Where nothing ran, a `state` (what the
     cache holds) keeps its last value and an activity (the batch) is 0."""
@@ -56,23 +56,23 @@ def _binned(tl: pd.DataFrame, values: np.ndarray, edges: np.ndarray, state: bool
     w = np.interp(edges, xs, np.column_stack([busy[:-1], busy[1:]]).ravel())
     dw = np.diff(w)
     with np.errstate(invalid="ignore", divide="ignore"):
-        binned = np.where(dw > 1e-12, np.diff(f) / dw, np.nan)
+        means = np.where(dw > 1e-12, np.diff(f) / dw, np.nan)
     if not state:
-        return np.nan_to_num(binned)
-    filled: np.ndarray = pd.Series(binned).ffill().fillna(0.0).to_numpy()
+        return np.nan_to_num(means)
+    filled: np.ndarray = pd.Series(means).ffill().fillna(0.0).to_numpy()
     return filled
 
 
-def _agents(tl: pd.DataFrame) -> list[str]:
+def resident_agents_of(tl: pd.DataFrame) -> list[str]:
     names = {a for s in tl["resident_agents"] for a in str(s).split("|") if a}
     return sorted(names)
 
 
-def _residency(tl: pd.DataFrame, agents: list[str], edges: np.ndarray) -> np.ndarray:
+def residency(tl: pd.DataFrame, agents: list[str], edges: np.ndarray) -> np.ndarray:
     """agents x bins: the share of each bin in which the agent's prefix was resident."""
     sets = [set(str(s).split("|")) for s in tl["resident_agents"]]
     rows = [np.array([a in s for s in sets], dtype=float) for a in agents]
-    return np.array([_binned(tl, r, edges, state=True) for r in rows]).reshape(len(agents), -1)
+    return np.array([binned(tl, r, edges, state=True) for r in rows]).reshape(len(agents), -1)
 
 
 def in_system(tasks: pd.DataFrame, times: np.ndarray) -> np.ndarray:
@@ -140,7 +140,7 @@ def timeline_figure(
     label = {s: names[s] for s in shown}
     edges = np.linspace(start, end, BINS + 1)
     centers = (edges[:-1] + edges[1:]) / 2
-    agents = sorted({a for d in data.values() for a in _agents(d["timeline"])})
+    agents = sorted({a for d in data.values() for a in resident_agents_of(d["timeline"])})
     strip_h = max(0.6, 0.16 * len(agents))
     heights = [1.3, 0.35, 2.0, 1.4, 1.2, *([strip_h] * len(shown)), 1.6]
     fig, axes = plt.subplots(len(heights), 1, figsize=(PAGE_WIDTH_IN, sum(heights) + 1.8),
@@ -175,7 +175,7 @@ def timeline_figure(
     ax = detail[1]
     for s in reversed(shown):
         tl = data[s]["timeline"]
-        w = _binned(tl, tl["waiting"].to_numpy(dtype=float), edges, state=True)
+        w = binned(tl, tl["waiting"].to_numpy(dtype=float), edges, state=True)
         ax.step(centers, w, where="mid", **style[s])
     ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
     ax.set_ylabel("calls waiting\nfor admission", fontsize=9)
@@ -194,7 +194,7 @@ def timeline_figure(
     ax.set_ylabel("preemptions\nsince the start", fontsize=9)
     for i, s in enumerate(shown):
         ax = detail[3 + i]
-        res = _residency(data[s]["timeline"], agents, edges)
+        res = residency(data[s]["timeline"], agents, edges)
         ax.imshow(res, aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest",
                   extent=(start, end, len(agents) - 0.5, -0.5))  # fmt: skip
         ax.set_yticks(range(len(agents)), [a[:14] for a in agents], fontsize=8)
@@ -204,7 +204,7 @@ def timeline_figure(
     ax = detail[-1]
     for s in reversed(shown):
         tl = data[s]["timeline"]
-        kv = _binned(tl, tl["kv_used_tokens"].to_numpy(dtype=float), edges, state=False)
+        kv = binned(tl, tl["kv_used_tokens"].to_numpy(dtype=float), edges, state=False)
         ax.step(centers, kv, where="mid", **style[s])
     budget = int(g.iloc[0]["kv_budget_tokens"])
     ax.axhline(budget, color="black", linewidth=0.8, linestyle="--")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from topas_bench.analysis.protocol import pct
 from topas_bench.analysis.site.leaderboard import COLUMNS, FOCUS, METRICS, sentence
 from topas_bench.analysis.site.sources import Source
 from topas_bench.schedulers.registry import ABLATIONS, BASELINES, PEERS, PEERS_2026
@@ -63,15 +64,6 @@ def seed_text(seeds: str) -> str:
     return ", ".join(map(str, n))
 
 
-def pct(v: Any, lo: Any = None, hi: Any = None) -> str:
-    f = num(v)
-    if f is None:
-        return "-"
-    if num(lo) is None:
-        return f"{100 * f:+.1f}%"
-    return f"{100 * f:+.1f}% [{100 * float(lo):+.1f}, {100 * float(hi):+.1f}]"
-
-
 @dataclass
 class Board:
     """One setting's leaderboard: every metric's ranking, its sentences and its CSV."""
@@ -97,7 +89,7 @@ class Board:
             for k in ("value", "value_lo", "value_hi")
         }
         out: dict[str, list[dict[str, Any]]] = {}
-        for m, (_, lower, _, unit) in METRICS.items():
+        for m in METRICS:
             rows = []
             for _, r in self.rows[self.rows["metric"] == m].sort_values("rank").iterrows():
                 s = str(r["scheduler"])
@@ -110,11 +102,10 @@ class Board:
                 rows.append({
                     "rank": int(r["rank"]), "scheduler": s, "family": family(s),
                     "form": r["form"], "label": r["label"], "cells": cells,
-                    "margin": pct(r["margin"], r["lo"], r["hi"]),
+                    "margin": pct(float(r["margin"]), float(r["lo"]), float(r["hi"])),
                     "margin_v": num(r["margin"]), "verdict": r["verdict"] or "-",
                 })  # fmt: skip
             out[m] = rows
-            del lower, unit
         return out
 
     def chart(self) -> dict[str, Any]:
@@ -127,8 +118,8 @@ class Board:
                 "s": list(b["scheduler"]), "f": [family(s) for s in b["scheduler"]],
                 "v": [num(v) for v in b["value"]], "lo": [num(v) for v in b["value_lo"]],
                 "hi": [num(v) for v in b["value_hi"]], "verdict": list(b["verdict"]),
-                "margin": [pct(a, lo, hi) for a, lo, hi in zip(b["margin"], b["lo"], b["hi"],
-                                                                strict=True)],
+                "margin": [pct(float(a), float(lo), float(hi))
+                           for a, lo, hi in zip(b["margin"], b["lo"], b["hi"], strict=True)],
             }  # fmt: skip
         return data
 

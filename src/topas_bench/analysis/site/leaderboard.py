@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from topas_bench.analysis.protocol import GROUP_KEY, forms, is_family, representatives
+from topas_bench.analysis.protocol import GROUP_KEY, forms, is_family, pct, representatives
 from topas_bench.analysis.verdict import Paired, paired, verdicts
 
 FOCUS = "topas"
@@ -183,7 +183,5 @@ def _value(v: float, unit: str) -> str:
 
 
 def _pct(r: pd.Series, prefix: str = "") -> str:
-    m, lo, hi = r[f"{prefix}margin"], r[f"{prefix}lo"], r[f"{prefix}hi"]
-    if pd.isna(m):
-        return "n/a"
-    return f"{100 * m:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    m = r[f"{prefix}margin"]
+    return "n/a" if pd.isna(m) else pct(float(m), float(r[f"{prefix}lo"]), float(r[f"{prefix}hi"]))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,10 @@ import pandas as pd
 
 from topas_bench.analysis.figures import main_groups
 from topas_bench.analysis.plotting import setting_title
-from topas_bench.analysis.protocol import best_others
+from topas_bench.analysis.protocol import best_others, pct
 from topas_bench.analysis.report import PAPER_REDUCTIONS
 from topas_bench.analysis.site import tables
-from topas_bench.analysis.site.board import Board, family, num, pct, rows_board, seed_text
+from topas_bench.analysis.site.board import Board, family, num, rows_board, seed_text
 from topas_bench.analysis.site.leaderboard import FOCUS, leaderboards
 from topas_bench.analysis.site.sources import Source
 from topas_bench.workloads.registry import WORKLOADS
@@ -64,10 +64,10 @@ class Pages:
     fidelity: dict[str, Any]
     history: Any
     out: Path
-    plt: Any = None
-    extra_files: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        #: a source's committed figures of a workload, copied beside the pages once
+        self.copied: dict[tuple[str, str], list[dict[str, str]]] = {}
         self.boards: dict[tuple[str, str], Board] = {}
         for s in self.sources:
             for w in s.workloads:
@@ -260,17 +260,19 @@ class Pages:
 
     def _images(self, s: Source, w: str) -> list[dict[str, str]]:
         """The source's own committed figures of this workload (e.g. the regime map's margin
-        maps), copied beside the pages."""
+        maps), copied beside the pages (once: the workload's and the source's page show them)."""
         if s.report_dir is None:
             return []
+        if (s.name, w) in self.copied:
+            return self.copied[(s.name, w)]
         out = []
         for png in sorted(s.report_dir.glob(f"*_{w}.png")):
             dest = self.out / "img" / safe(s.name)
             dest.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(png, dest / png.name)
-            self.extra_files.append(dest / png.name)
             out.append({"src": f"img/{safe(s.name)}/{png.name}",
                         "caption": f"{png.stem} ({s.name}, drawn by its own command)"})  # fmt: skip
+        self.copied[(s.name, w)] = out
         return out
 
     def _cdf(self, s: Source, b: Board) -> dict[str, Any]:
@@ -418,7 +420,6 @@ class Pages:
         img = self.out / "img" / "history"
         pyplot()
         files = plot(hist, img, formats=("png",))
-        self.extra_files += files
         figs = [{"src": f"img/history/{p.name}", "caption": f"{p.stem}: nightly trend"}
                 for p in files]  # fmt: skip
         return {

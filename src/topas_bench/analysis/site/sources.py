@@ -179,10 +179,11 @@ def _load(name: str, path: Path, runs: Path | None, conf: dict[str, Any], opts: 
 
 
 def _read_csv(f: Path) -> pd.DataFrame:
+    """A report directory's table, empty when the report predates it."""
     try:
         return pd.read_csv(f, keep_default_na=False, na_values=[""]) if f.is_file() \
             else pd.DataFrame()  # fmt: skip
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError) as e:  # EOFError: a cut gzip file
         raise TopasError(f"{f}: unreadable ({e})") from None
 
 
@@ -261,17 +262,10 @@ def read_protocol(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     when the report predates them."""
     from topas_bench.analysis.render import RUNS_FILE
 
-    out = []
-    for name in (RUNS_FILE, "verdicts.csv"):
-        f = path / name
-        try:
-            out.append(pd.read_csv(f, keep_default_na=False, na_values=[""])
-                       if f.is_file() else pd.DataFrame())  # fmt: skip
-        except (OSError, ValueError, EOFError) as e:
-            raise TopasError(f"{f}: unreadable ({e})") from None
-    if not out[0].empty:
-        out[0]["scheduler_params"] = out[0]["scheduler_params"].fillna("{}").astype(str)
-    return out[0], out[1]
+    runs, verdicts = _read_csv(path / RUNS_FILE), _read_csv(path / "verdicts.csv")
+    if not runs.empty:
+        runs["scheduler_params"] = runs["scheduler_params"].fillna("{}").astype(str)
+    return runs, verdicts
 
 
 def _stage_groups(stages: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
