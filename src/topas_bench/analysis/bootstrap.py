@@ -76,16 +76,3 @@ def reduction_ci(
 
     point = float(reduction(a, b))
     return (point, *_ci((a, b), reduction, n_boot=n_boot, level=level, seed=seed))
-
-
-def ratio_ci(
-    ours: np.ndarray,
-    theirs: np.ndarray,
-    *,
-    n_boot: int = N_BOOT,
-    level: float = LEVEL,
-    seed: int = SEED,
-) -> tuple[float, float, float]:
-    """(q, low, high) for q = mean(ours) / mean(theirs), paired by seed: 1 - `reduction_ci`."""
-    r, lo, hi = reduction_ci(ours, theirs, n_boot=n_boot, level=level, seed=seed)
-    return 1.0 - r, 1.0 - hi, 1.0 - lo

@@ -124,6 +124,10 @@ class WorkflowTask(Generic[T]):
         """Every stage is done."""
         return self._done == len(self._stages)
 
+    def first_stages(self) -> list[T]:
+        """The stages released when the task arrives (no dependencies), in topological order."""
+        return [st for st in self._stages.values() if not st.deps]
+
 
 class StageRun(WorkflowStage[Stage, Any]):
     """A stage of a workload task (`TaskRun`)."""

@@ -47,7 +47,7 @@ from topas_bench.schedulers.base import (
     StageState,
 )
 from topas_bench.schedulers.toolwait import host_load_s, stall_s, usage
-from topas_bench.schedulers.validate import InvalidParameter, require_int, require_number
+from topas_bench.schedulers.validate import InvalidParameter, integer, number
 from topas_bench.schedulers.view import EngineView, TaskView
 
 
@@ -74,35 +74,22 @@ class Astraea(OrderingPolicy):
 
     name = "astraea"
 
-    def __init__(
-        self,
-        levels: int = 4,
-        base_quota_tokens: int = 2048,
-        aging_s: float = 30.0,
-        keep_below: float = 0.5,
-        drop_above: float = 0.85,
-    ) -> None:
-        n = self.name
-        self.levels = require_int(n, "levels", levels, 1, 16)
-        self.base_quota = require_int(n, "base_quota_tokens", base_quota_tokens, 1)
-        self.aging_s = require_number(n, "aging_s", aging_s, strict=True)
-        self.keep_below = require_number(n, "keep_below", keep_below, high=1.0)
-        self.drop_above = require_number(n, "drop_above", drop_above, high=1.0)
-        if self.keep_below > self.drop_above:
-            raise InvalidParameter(f"{n}: keep_below must not exceed drop_above")
-        self.level: dict[str, int] = {}  # task id -> its level (absent: 0)
+    levels = integer(4, 1, 16)
+    base_quota_tokens = integer(2048, 1)
+    aging_s = number(30.0, strict=True)
+    keep_below = number(0.5, high=1.0)
+    drop_above = number(0.85, high=1.0)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            "levels": self.levels, "base_quota_tokens": self.base_quota,
-            "aging_s": self.aging_s, "keep_below": self.keep_below,
-            "drop_above": self.drop_above,
-        }  # fmt: skip
+    def setup(self) -> None:
+        if self.keep_below > self.drop_above:
+            raise InvalidParameter(f"{self.name}: keep_below must not exceed drop_above")
+        self.level: dict[str, int] = {}  # task id -> its level (absent: 0)
 
     def quota(self, level: int) -> float:
         """Token quota of a segment at `level` (the last level has none)."""
-        return float("inf") if level >= self.levels - 1 else float(self.base_quota * 4**level)
+        if level >= self.levels - 1:
+            return float("inf")
+        return float(self.base_quota_tokens * 4**level)
 
     def feedback(self, finished: RequestView, task: TaskView) -> int:
         """The task's level after `finished` (one of its calls) ended: demoted over its quota,

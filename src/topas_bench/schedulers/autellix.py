@@ -18,7 +18,7 @@ import bisect
 from typing import Any
 
 from topas_bench.schedulers.base import Decision, OrderingPolicy, RequestView
-from topas_bench.schedulers.validate import require_int, require_number
+from topas_bench.schedulers.validate import integer, number
 from topas_bench.schedulers.view import EngineView, TaskView
 
 
@@ -43,25 +43,13 @@ class Autellix(OrderingPolicy):
 
     name = "autellix"
 
-    def __init__(
-        self, quantum_s: float = 2.0, levels: int = 8, starvation_ratio: float = 2.0
-    ) -> None:
-        require_number(self.name, "quantum_s", quantum_s, strict=True)
-        require_int(self.name, "levels", levels, 1, high=64)  # thresholds quantum_s * 2**i
-        require_number(self.name, "starvation_ratio", starvation_ratio, strict=True)
-        self.quantum_s = quantum_s
-        self.levels = levels
-        self.starvation_ratio = starvation_ratio
-        self._thresholds = [quantum_s * 2**i for i in range(levels - 1)]
-        self._before: dict[int, float] = {}
+    quantum_s = number(2.0, strict=True, as_given=True)
+    levels = integer(8, 1, high=64)  # thresholds quantum_s * 2**i
+    starvation_ratio = number(2.0, strict=True, as_given=True)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            "quantum_s": self.quantum_s,
-            "levels": self.levels,
-            "starvation_ratio": self.starvation_ratio,
-        }
+    def setup(self) -> None:
+        self._thresholds = [self.quantum_s * 2**i for i in range(self.levels - 1)]
+        self._before: dict[int, float] = {}
 
     def decide(self, view: EngineView) -> Decision:
         # A waiting stage's ancestors are all done, so its critical-path service is fixed:

@@ -17,8 +17,9 @@ defines (`Policy`, `OrderingPolicy`, `Decision`, `Standing`, `ProvesStanding`, `
 reads and checks, from where it lives: the engine view (`EngineView`, `TaskView`, `PrefixView`,
 `PrefixLocation`; `view.py`), the requests and stages in it (`RequestView`, `StageView`,
 `StageState`; `request.py`), the service estimator (`ServiceEstimator`; `estimator.py`) and a
-parameter's checks (`InvalidParameter`, `reject_unknown`, `require_number`, `require_int`,
-`require_bool`, `MAX_NUMBER`, `MAX_INT`; `validate.py`). The project's own modules import a
+parameter's declaration and checks (`Param`, `number`, `integer`, `flag`, `one_of`,
+`InvalidParameter`, `reject_unknown`, `require_number`, `require_int`, `require_bool`,
+`MAX_NUMBER`, `MAX_INT`; `validate.py`). The project's own modules import a
 name from where it lives.
 """
 
@@ -36,6 +37,12 @@ from topas_bench.schedulers.validate import (
     MAX_INT,
     MAX_NUMBER,
     InvalidParameter,
+    Param,
+    declared,
+    flag,
+    integer,
+    number,
+    one_of,
     reject_unknown,
     require_bool,
     require_int,
@@ -320,12 +327,23 @@ class Policy(ABC):
     refreshes_contexts: ClassVar[bool] = False
 
     def __init__(self, **params: Any) -> None:
-        reject_unknown(self.name, params)
+        """Check and set the parameters the class declares (`validate.Param`, in declaration
+        order; unknown names fail, naming the valid ones), then `setup`."""
+        spec = declared(type(self))
+        reject_unknown(self.name, params, list(spec))
+        for key, param in spec.items():
+            self.__dict__[key] = param.check(self.name, key, params.get(key, param.default))
+        self.setup()
+
+    def setup(self) -> None:
+        """After the declared parameters are set: checks across them, and the policy's state."""
+        return None
 
     @property
     def params(self) -> dict[str, Any]:
-        """The parameters that identify this policy in a run's identity."""
-        return {}
+        """The parameters that identify this policy in a run's identity: by default the
+        declared ones, as set."""
+        return {key: getattr(self, key) for key in declared(type(self))}
 
     @property
     def needs(self) -> ServerNeeds:
@@ -413,6 +431,7 @@ __all__ = [
     "EngineView",
     "InvalidParameter",
     "OrderingPolicy",
+    "Param",
     "Policy",
     "PrefixLocation",
     "PrefixView",
@@ -424,6 +443,10 @@ __all__ = [
     "StageView",
     "Standing",
     "TaskView",
+    "flag",
+    "integer",
+    "number",
+    "one_of",
     "reject_unknown",
     "require_bool",
     "require_int",

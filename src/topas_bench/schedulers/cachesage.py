@@ -42,10 +42,9 @@ whole tree, as the paper's eviction order. It orders no queue: FCFS.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from topas_bench.schedulers.base import Decision, Policy, ServerNeeds
-from topas_bench.schedulers.validate import InvalidParameter, require_int, require_number
+from topas_bench.schedulers.validate import integer, number, one_of
 from topas_bench.schedulers.view import EngineView
 
 #: The lowest prefix class; SGLang's own nodes are 0 (outputs) and 1 (prompts).
@@ -110,26 +109,14 @@ class CacheSage(Policy):
 
     name = "cachesage"
 
-    def __init__(
-        self, score: str = "predictive", weight: float = 4.0, decay: float = 0.1, horizon: int = 3
-    ) -> None:
-        if score not in SCORES:
-            raise InvalidParameter(
-                f"{self.name}: score must be one of {', '.join(SCORES)}, got {score!r}"
-            )
-        self.score = score
-        self.weight = require_number(self.name, "weight", weight, high=1e6)
-        self.decay = require_number(self.name, "decay", decay, high=1e6)
-        self.horizon = require_int(self.name, "horizon", horizon, 1, 64)
+    score = one_of("predictive", SCORES)
+    weight = number(4.0, high=1e6)
+    decay = number(0.1, high=1e6)
+    horizon = integer(3, 1, 64)
+
+    def setup(self) -> None:
         self.chain = AgentChain()
         self._seen: set[int] = set()
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            "score": self.score, "weight": self.weight, "decay": self.decay,
-            "horizon": self.horizon,
-        }  # fmt: skip
 
     @property
     def needs(self) -> ServerNeeds:

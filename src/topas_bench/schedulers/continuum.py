@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from topas_bench.schedulers.base import OrderingPolicy, RequestView, StageState, StageView
-from topas_bench.schedulers.validate import require_number
+from topas_bench.schedulers.validate import number
 from topas_bench.schedulers.view import EngineView, TaskView
 
 
@@ -72,12 +72,7 @@ class Continuum(OrderingPolicy):
 
     name = "continuum"
 
-    def __init__(self, memory_price: float = 1.0) -> None:
-        self.memory_price = require_number(self.name, "memory_price", memory_price)
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {"memory_price": self.memory_price}
+    memory_price = number(1.0)
 
     def sort_key(self, req: RequestView, view: EngineView) -> tuple[Any, ...]:
         task = view.tasks[req.task_id]

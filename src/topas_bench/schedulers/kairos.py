@@ -58,7 +58,7 @@ import numpy as np
 import numpy.typing as npt
 
 from topas_bench.schedulers.base import Decision, OrderingPolicy, RequestView
-from topas_bench.schedulers.validate import require_number
+from topas_bench.schedulers.validate import number
 from topas_bench.schedulers.view import EngineView
 
 F64 = npt.NDArray[np.float64]
@@ -136,23 +136,14 @@ class Kairos(OrderingPolicy):
 
     name = "kairos"
 
-    def __init__(
-        self, slot_s: float = 0.5, bias_factor: float = 1.0, mem_fraction: float = 1.0
-    ) -> None:
-        self.slot_s = require_number(self.name, "slot_s", slot_s, 0.01, high=3600.0)
-        self.bias_factor = require_number(self.name, "bias_factor", bias_factor, high=2.0)
-        self.mem_fraction = require_number(self.name, "mem_fraction", mem_fraction, strict=True)
+    slot_s = number(0.5, 0.01, high=3600.0)
+    bias_factor = number(1.0, high=2.0)
+    mem_fraction = number(1.0, strict=True)
+
+    def setup(self) -> None:
         self._samples: dict[str, deque[float]] = {}
         self._sends: dict[str, tuple[int, list[tuple[str, float]]]] = {}  # task -> version, sends
         self.ranks: dict[str, int] = {}
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            "slot_s": self.slot_s,
-            "bias_factor": self.bias_factor,
-            "mem_fraction": self.mem_fraction,
-        }
 
     # -- priority ----------------------------------------------------------------------------
     def observe(self, view: EngineView) -> None:

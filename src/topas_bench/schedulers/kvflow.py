@@ -37,10 +37,9 @@ request paths). Defaults are KVFlow's server defaults (`evict_pri_level` 4, `loa
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from topas_bench.schedulers.base import Decision, Policy, ServerNeeds, StageState
-from topas_bench.schedulers.validate import require_int
+from topas_bench.schedulers.validate import integer
 from topas_bench.schedulers.view import EngineView, PrefixLocation, TaskView
 
 #: The priority of the farthest class; SGLang's own nodes are 0 (outputs) and 1 (prompts).
@@ -70,14 +69,11 @@ class KVFlow(Policy):
 
     name = "kvflow"
 
-    def __init__(self, hold_steps: int = 4, prefetch_steps: int = 2) -> None:
-        self.hold = require_int(self.name, "hold_steps", hold_steps, 2)
-        self.prefetch_steps = require_int(self.name, "prefetch_steps", prefetch_steps, 0)
-        self._memo: dict[str, tuple[int, dict[str, int]]] = {}
+    hold_steps = integer(4, 2)
+    prefetch_steps = integer(2, 0)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return {"hold_steps": self.hold, "prefetch_steps": self.prefetch_steps}
+    def setup(self) -> None:
+        self._memo: dict[str, tuple[int, dict[str, int]]] = {}
 
     @property
     def needs(self) -> ServerNeeds:
@@ -102,7 +98,7 @@ class KVFlow(Policy):
 
     def decide(self, view: EngineView) -> Decision:
         steps = self.steps(view)
-        top = self.hold - 1
+        top = self.hold_steps - 1
         prefixes = view.prefixes()
         priority = {
             p.agent: BASE_PRIORITY + top - min(steps.get(p.agent, top), top) for p in prefixes

@@ -22,10 +22,9 @@ stable). Other thresholds sort only here, after an `fcfs` pass.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from topas_bench.schedulers.base import Decision, Policy, RequestView, ServerNeeds
-from topas_bench.schedulers.validate import require_int
+from topas_bench.schedulers.validate import integer
 from topas_bench.schedulers.view import EngineView
 from topas_bench.workloads.pieces import Piece, common, fill_pieces, length
 
@@ -45,26 +44,9 @@ class LPM(Policy):
 
     name = "lpm"
 
-    def __init__(
-        self,
-        fallback_above: int = 128,
-        in_batch_check_tokens: int = 32,
-        in_batch_deprioritize_tokens: int = 32,
-    ) -> None:
-        require_int(self.name, "fallback_above", fallback_above, 0)
-        require_int(self.name, "in_batch_check_tokens", in_batch_check_tokens, 0)
-        require_int(self.name, "in_batch_deprioritize_tokens", in_batch_deprioritize_tokens, 0)
-        self.fallback_above = fallback_above
-        self.check = in_batch_check_tokens
-        self.deprioritize = in_batch_deprioritize_tokens
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            "fallback_above": self.fallback_above,
-            "in_batch_check_tokens": self.check,
-            "in_batch_deprioritize_tokens": self.deprioritize,
-        }
+    fallback_above = integer(PREFIX_MATCH_MAX, 0)
+    in_batch_check_tokens = integer(IN_BATCH_THRESHOLD, 0)
+    in_batch_deprioritize_tokens = integer(IN_BATCH_THRESHOLD, 0)
 
     @property
     def needs(self) -> ServerNeeds:
@@ -90,7 +72,9 @@ class LPM(Policy):
         return Decision(admit=sorted(queue, key=key))
 
     def _in_batch_demotions(self, queue: list[RequestView], hits: dict[int, int]) -> set[int]:
-        return in_batch_demotions(queue, hits, self.check, self.deprioritize)
+        return in_batch_demotions(
+            queue, hits, self.in_batch_check_tokens, self.in_batch_deprioritize_tokens
+        )
 
 
 def in_batch_demotions(

@@ -20,11 +20,9 @@ order, which k-LPM then leaves alone).
 
 from __future__ import annotations
 
-from typing import Any
-
 from topas_bench.schedulers.base import Decision, Policy, RequestView, ServerNeeds
 from topas_bench.schedulers.lpm import IN_BATCH_THRESHOLD, PREFIX_MATCH_MAX, in_batch_demotions
-from topas_bench.schedulers.validate import require_int, require_number
+from topas_bench.schedulers.validate import integer, number
 from topas_bench.schedulers.view import EngineView
 
 
@@ -33,14 +31,11 @@ class LPMAging(Policy):
 
     name = "lpm-aging"
 
-    def __init__(self, k: int = 4, aging_tokens_per_pass: float = 0.0) -> None:
-        self.k = require_int(self.name, "k", k, 1)
-        self.aging = require_number(self.name, "aging_tokens_per_pass", aging_tokens_per_pass)
-        self._passes: dict[int, int] = {}
+    k = integer(4, 1)
+    aging_tokens_per_pass = number(0.0)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return {"k": self.k, "aging_tokens_per_pass": self.aging}
+    def setup(self) -> None:
+        self._passes: dict[int, int] = {}
 
     @property
     def needs(self) -> ServerNeeds:
@@ -58,7 +53,7 @@ class LPMAging(Policy):
 
         def lpm_key(r: RequestView) -> tuple[bool, float]:
             matched = min(hits[r.rid], r.prompt_tokens + r.generated - 1)
-            return (r.rid in demoted, -(matched + self.aging * self._passes[r.rid]))
+            return (r.rid in demoted, -(matched + self.aging_tokens_per_pass * self._passes[r.rid]))
 
         by_match = sorted(queue, key=lpm_key)
         by_age = sorted(queue, key=lambda r: (r.queued_s, r.rid))

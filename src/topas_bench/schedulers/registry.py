@@ -26,18 +26,7 @@ from topas_bench.schedulers.sglang_stock import STOCK, Stock, StockRow
 from topas_bench.schedulers.sglang_ttl import SglangTTL
 from topas_bench.schedulers.spf import SPF
 from topas_bench.schedulers.tokencake import TokenCake
-from topas_bench.schedulers.topas import (
-    Topas,
-    TopasBase,
-    TopasExpectedPath,
-    TopasNoAging,
-    TopasNoJoint,
-    TopasNoMoveStall,
-    TopasNoPins,
-    TopasNoPreempt,
-    TopasNoReuse,
-    TopasPrevScore,
-)
+from topas_bench.schedulers.topas import policy as topas
 from topas_bench.schedulers.validate import reject_unknown
 
 #: A policy class, or a `StockRow`: called with a scheduler's parameters, a fresh policy.
@@ -90,16 +79,16 @@ SCHEDULERS.add("lpm", LPM)
 SCHEDULERS.add("spf", SPF)
 SCHEDULERS.add("parrot", ParrotFCFS)
 SCHEDULERS.add("autellix", Autellix)
-SCHEDULERS.add("topas", Topas)
-SCHEDULERS.add("topas-base", TopasBase)
-SCHEDULERS.add("topas-no-reuse", TopasNoReuse)
-SCHEDULERS.add("topas-no-aging", TopasNoAging)
-SCHEDULERS.add("topas-no-joint", TopasNoJoint)
-SCHEDULERS.add("topas-no-pins", TopasNoPins)
-SCHEDULERS.add("topas-no-move-stall", TopasNoMoveStall)
-SCHEDULERS.add("topas-no-preempt", TopasNoPreempt)
-SCHEDULERS.add("topas-prev-score", TopasPrevScore)
-SCHEDULERS.add("topas-expected-path", TopasExpectedPath)
+SCHEDULERS.add("topas", topas.Topas)
+SCHEDULERS.add("topas-base", topas.TopasBase)
+SCHEDULERS.add("topas-no-reuse", topas.TopasNoReuse)
+SCHEDULERS.add("topas-no-aging", topas.TopasNoAging)
+SCHEDULERS.add("topas-no-joint", topas.TopasNoJoint)
+SCHEDULERS.add("topas-no-pins", topas.TopasNoPins)
+SCHEDULERS.add("topas-no-move-stall", topas.TopasNoMoveStall)
+SCHEDULERS.add("topas-no-preempt", topas.TopasNoPreempt)
+SCHEDULERS.add("topas-prev-score", topas.TopasPrevScore)
+SCHEDULERS.add("topas-expected-path", topas.TopasExpectedPath)
 SCHEDULERS.add("kvflow", KVFlow)
 SCHEDULERS.add("continuum", Continuum)
 SCHEDULERS.add("lpm-aging", LPMAging)

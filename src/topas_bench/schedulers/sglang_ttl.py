@@ -37,10 +37,8 @@ reference engine and the plugin refuse this scheduler.
 
 from __future__ import annotations
 
-from typing import Any
-
 from topas_bench.schedulers.base import Decision, Policy, RequestView
-from topas_bench.schedulers.validate import require_number
+from topas_bench.schedulers.validate import number
 from topas_bench.schedulers.view import EngineView
 
 
@@ -50,12 +48,7 @@ class SglangTTL(Policy):
     name = "sglang-ttl"
     refreshes_contexts = True
 
-    def __init__(self, ttl_s: float = 300.0) -> None:
-        self.ttl_s = require_number(self.name, "ttl_s", ttl_s, high=1e9)
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {"ttl_s": self.ttl_s}
+    ttl_s = number(300.0, high=1e9)
 
     def decide(self, view: EngineView) -> Decision:
         return Decision(admit=list(view.waiting))

@@ -46,7 +46,6 @@ scheduler steps; 10 s is ours, about 500 decode steps of a 32B model); D2H copie
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from topas_bench.schedulers.base import (
     DROP,
@@ -57,7 +56,7 @@ from topas_bench.schedulers.base import (
     StageState,
 )
 from topas_bench.schedulers.toolwait import Shape, host_load_s, shapes, stall_s, usage
-from topas_bench.schedulers.validate import InvalidParameter, require_bool, require_number
+from topas_bench.schedulers.validate import InvalidParameter, flag, number
 from topas_bench.schedulers.view import EngineView, TaskView
 
 #: `request_score`'s weights (pku-lemonade/TokenCake `vllm/tokencake/scheduling.py`).
@@ -93,28 +92,17 @@ class TokenCake(Policy):
 
     name = "tokencake"
 
-    def __init__(
-        self,
-        reserve_min: float = 0.05,
-        reserve_max: float = 0.30,
-        reserve_step: float = 0.05,
-        usage_low: float = 0.40,
-        usage_high: float = 0.75,
-        critical_ratio: float = 0.75,
-        adjust_every_s: float = 10.0,
-        offload: bool = True,
-    ) -> None:
+    reserve_min = number(0.05, high=1.0)
+    reserve_max = number(0.30, high=1.0)
+    reserve_step = number(0.05, strict=True, high=1)
+    usage_low = number(0.40, high=1.0)
+    usage_high = number(0.75, high=1.0)
+    critical_ratio = number(0.75, strict=True, high=1.0)
+    adjust_every_s = number(10.0, strict=True)
+    offload = flag(True)
+
+    def setup(self) -> None:
         n = self.name
-        self.reserve_min = require_number(n, "reserve_min", reserve_min, high=1.0)
-        self.reserve_max = require_number(n, "reserve_max", reserve_max, high=1.0)
-        self.reserve_step = require_number(n, "reserve_step", reserve_step, strict=True, high=1)
-        self.usage_low = require_number(n, "usage_low", usage_low, high=1.0)
-        self.usage_high = require_number(n, "usage_high", usage_high, high=1.0)
-        self.critical_ratio = require_number(
-            n, "critical_ratio", critical_ratio, strict=True, high=1.0
-        )
-        self.adjust_every_s = require_number(n, "adjust_every_s", adjust_every_s, strict=True)
-        self.offload = require_bool(n, "offload", offload)
         if self.reserve_min > self.reserve_max:
             raise InvalidParameter(f"{n}: reserve_min must not exceed reserve_max")
         if self.usage_low >= self.usage_high:
@@ -123,15 +111,6 @@ class TokenCake(Policy):
         self._adjusted_s = -math.inf
         self._kept: frozenset[str] = frozenset()
         self._shapes: dict[str, dict[str, Shape]] = {}
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            "reserve_min": self.reserve_min, "reserve_max": self.reserve_max,
-            "reserve_step": self.reserve_step, "usage_low": self.usage_low,
-            "usage_high": self.usage_high, "critical_ratio": self.critical_ratio,
-            "adjust_every_s": self.adjust_every_s, "offload": self.offload,
-        }  # fmt: skip
 
     def _shape(self, task: TaskView) -> dict[str, Shape]:
         got = self._shapes.get(task.id)

@@ -1,13 +1,23 @@
 """A scheduler parameter's checks: unknown names and values out of range fail as
-`InvalidParameter`, naming the valid ones, when the policy is built."""
+`InvalidParameter`, naming the valid ones, when the policy is built.
+
+A policy declares its parameters once, on its class, in the order its errors and its `params`
+list them (`Policy.__init__` checks and sets them; `Policy.params` reads them back)::
+
+    class Kairos(OrderingPolicy):
+        slot_s = number(0.5, 0.01, high=3600.0)
+        bias_factor = number(1.0, high=2.0)
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar, overload
 
 from topas_bench.errors import TopasError
+
+T = TypeVar("T")
 
 
 class InvalidParameter(TopasError):
@@ -76,3 +86,75 @@ def require_bool(policy: str, name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidParameter(f"{policy}: {name} must be true or false, got {value!r}")
     return value
+
+
+class Param(Generic[T]):
+    """A scheduler parameter declared on its policy class: its default and its check, called
+    as ``check(policy, name, value)``. On an instance it reads as the checked value, which
+    `Policy.__init__` stores there under the parameter's name."""
+
+    def __init__(self, default: T, check: Callable[[str, str, Any], T]) -> None:
+        self.default = default
+        self.check = check
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Param[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object, owner: type | None = None) -> Param[T] | T:
+        if obj is None:
+            return self
+        raise AttributeError(f"{type(obj).__name__}: parameter {self.name} was never set")
+
+
+def declared(cls: type) -> dict[str, Param[Any]]:
+    """The parameters `cls` declares (`Param`), its bases' first, each in declaration order."""
+    out: dict[str, Param[Any]] = {}
+    for klass in reversed(cls.__mro__):
+        out.update((k, v) for k, v in vars(klass).items() if isinstance(v, Param))
+    return out
+
+
+def number(
+    default: float,
+    low: float = 0.0,
+    *,
+    strict: bool = False,
+    high: float = MAX_NUMBER,
+    as_given: bool = False,
+) -> Param[float]:
+    """A number parameter (`require_number`), stored as a float unless `as_given` (an int
+    stays an int, as some policies' run identities have always recorded it)."""
+
+    def check(policy: str, name: str, value: Any) -> float:
+        got = require_number(policy, name, value, low, strict=strict, high=high)
+        return value if as_given else got
+
+    return Param(default, check)
+
+
+def integer(default: int, low: int, high: int = MAX_INT) -> Param[int]:
+    """An integer parameter (`require_int`)."""
+    return Param(default, lambda policy, name, value: require_int(policy, name, value, low, high))
+
+
+def flag(default: bool) -> Param[bool]:
+    """A true-or-false parameter (`require_bool`)."""
+    return Param(default, require_bool)
+
+
+def one_of(default: str, choices: Sequence[str]) -> Param[str]:
+    """A parameter taking one of `choices`."""
+
+    def check(policy: str, name: str, value: Any) -> str:
+        if value not in choices:
+            raise InvalidParameter(
+                f"{policy}: {name} must be one of {', '.join(choices)}, got {value!r}"
+            )
+        return str(value)
+
+    return Param(default, check)

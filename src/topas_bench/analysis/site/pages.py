@@ -57,6 +57,13 @@ def source_page(name: str) -> str:
     return f"source-{safe(name)}.html"
 
 
+def of_board(frame: pd.DataFrame, b: Board) -> pd.DataFrame:
+    """`frame`'s rows of `b`'s workload and setting (`group_label`)."""
+    if frame.empty:
+        return frame
+    return frame[(frame["workload"] == b.workload) & (frame["group_label"] == b.group_label)]
+
+
 @dataclass
 class Pages:
     sources: list[Source]
@@ -276,10 +283,9 @@ class Pages:
         return out
 
     def _cdf(self, s: Source, b: Board) -> dict[str, Any]:
-        c = s.cdf
+        c = of_board(s.cdf, b)
         if c.empty:
             return {}
-        c = c[(c["workload"] == b.workload) & (c["group_label"] == b.group_label)]
         labels = b.rows[b.rows["metric"] == "mean"].sort_values("rank")
         series = []
         for i, (_, r) in enumerate(labels.iterrows()):
@@ -308,10 +314,7 @@ class Pages:
         return out
 
     def _timeline(self, s: Source, b: Board) -> dict[str, Any]:
-        t = s.timeline
-        if t.empty:
-            return {}
-        t = t[(t["workload"] == b.workload) & (t["group_label"] == b.group_label)]
+        t = of_board(s.timeline, b)
         if t.empty:
             return {}
         names = {str(lab): str(n) for lab, n in

@@ -179,11 +179,9 @@ class ClusterSim:
         )  # fmt: skip
 
     def _arrive(self, task: Task) -> None:
-        run = TaskRun(task)
-        self.tasks[task.id] = run
-        for st in run.stages.values():
-            if not st.deps:
-                self.push(self.now + st.delay_s, READY, (run, st.id))
+        run = self.tasks[task.id] = TaskRun(task)
+        for st in run.first_stages():
+            self.push(self.now + st.delay_s, READY, (run, st.id))
 
     def _send(self, run: TaskRun, stage_id: str) -> int:
         st = run.stages[stage_id]

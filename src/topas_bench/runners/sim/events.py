@@ -44,11 +44,9 @@ class Events(Residency):
         self._push(self.now + dur, ITER, payload)
 
     def _arrive(self, task: Task) -> None:
-        run = TaskRun(task)
-        self.tasks[task.id] = run
-        for st in run.stages.values():
-            if not st.deps:
-                self._push(self.now + st.delay_s, READY, (run, st.id))
+        run = self.tasks[task.id] = TaskRun(task)
+        for st in run.first_stages():
+            self._push(self.now + st.delay_s, READY, (run, st.id))
 
     def _send(self, payload: tuple[TaskRun, str]) -> None:
         run, stage_id = payload
