@@ -15,7 +15,7 @@ from topas_bench.schedulers.base import (
     EngineView,
     OrderingPolicy,
     RequestView,
-    require_number,
+    number,
 )
 
 
@@ -24,13 +24,10 @@ class BusiestAgent(OrderingPolicy):
 
     name = "busiest-agent"
 
-    def __init__(self, max_wait_s: float = 30.0) -> None:
-        self.max_wait_s = require_number(self.name, "max_wait_s", max_wait_s, strict=True)
-        self._waiting: Counter[str] = Counter()
+    max_wait_s = number(30.0, strict=True)  # its default and its check (validate.Param)
 
-    @property
-    def params(self) -> dict[str, Any]:
-        return {"max_wait_s": self.max_wait_s}
+    def setup(self) -> None:  # after the parameters are set: the policy's state
+        self._waiting: Counter[str] = Counter()
 
     def decide(self, view: EngineView) -> Decision:
         self._waiting = Counter(r.agent for r in view.waiting)  # calls waiting, per agent
