@@ -9,21 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from topas_bench.cli_common import check_out_dir, err, handles_errors, out
+from topas_bench.cli_options import AllowMixed, SkipBad
 from topas_bench.errors import TopasError
-
-SkipBad = Annotated[
-    bool,
-    typer.Option(
-        "--skip-bad", help="Leave out unreadable, partial or corrupt runs (listed) and go on."
-    ),
-]
-AllowMixed = Annotated[
-    bool,
-    typer.Option(
-        "--allow-mixed-revisions",
-        help="Report runs written by different code revisions (or results formats) together.",
-    ),
-]
 
 
 def _collect(results: Path, slo: str, skip_bad: bool, allow_mixed: bool) -> Any:

@@ -1,7 +1,8 @@
 """Command-line options several commands take, declared once (typer `Annotated` aliases).
 
-They are `run`'s; `sweep` (a comma-separated list of most settings) and `tune` declare their own
-where their help has always said it differently, so that every command's help reads as it did.
+They are `run`'s, and those of the commands that read a results tree; `sweep` (a
+comma-separated list of most settings) and `tune` declare their own where their help has always
+said it differently, so that every command's help reads as it did.
 """
 
 from __future__ import annotations
@@ -80,4 +81,19 @@ Tuned = Annotated[
 AllowLarge = Annotated[
     bool,
     typer.Option(help="Run even if the estimated memory exceeds half of this machine's RAM."),
+]
+
+#: Options of the commands that read a results tree (report, figures, compare, site).
+SkipBad = Annotated[
+    bool,
+    typer.Option(
+        "--skip-bad", help="Leave out unreadable, partial or corrupt runs (listed) and go on."
+    ),
+]
+AllowMixed = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mixed-revisions",
+        help="Report runs written by different code revisions (or results formats) together.",
+    ),
 ]

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from topas_bench.cli_common import check_out_dir, handles_errors, out, parse_assignments
+from topas_bench.cli_options import AllowMixed, SkipBad
 from topas_bench.errors import TopasError
 
 
@@ -40,13 +41,8 @@ def site(
         ),
     ] = None,
     slo: Annotated[str, typer.Option(help="Goodput's SLO for run trees: Nx or Ns.")] = "2x",
-    skip_bad: Annotated[
-        bool, typer.Option("--skip-bad", help="Leave out unreadable or partial runs (listed).")
-    ] = False,
-    allow_mixed_revisions: Annotated[
-        bool,
-        typer.Option("--allow-mixed-revisions", help="Show runs of several code revisions."),
-    ] = False,
+    skip_bad: SkipBad = False,
+    allow_mixed_revisions: AllowMixed = False,
 ) -> None:
     """Write a static site of RESULTS: a leaderboard per workload (every scheduler ranked on
     mean JCT, p99 JCT or goodput, each against the leader with the protocol's paired verdict,

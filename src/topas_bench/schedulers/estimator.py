@@ -35,6 +35,14 @@ TrueLength = Callable[[str, str], int]  # (task_id, stage_id) -> true output tok
 #: Weight of each new tool-time observation (TokenCake's `OffloadConfig.ewma_alpha`,
 #: pku-lemonade/TokenCake `vllm/tokencake/config.py`).
 TOOL_ALPHA = 0.5
+#: Before (and beside) what it has seen of an (agent, kind), the estimator expects this many
+#: output tokens, weighted as this many samples.
+PRIOR_OUTPUT_TOKENS = 256.0
+PRIOR_WEIGHT = 2.0
+#: Output lengths kept per (agent, kind): the latest this many.
+WINDOW = 512
+#: Weight of each decode iteration's time in the time-per-output-token estimate.
+TPOT_ALPHA = 0.05
 F64 = npt.NDArray[np.float64]
 
 
@@ -107,22 +115,9 @@ class _Dist:
 class ServiceEstimator:
     """Expected (residual) output tokens and service seconds per (agent, kind)."""
 
-    def __init__(
-        self,
-        cost: CostLike,
-        *,
-        true_length: TrueLength | None = None,
-        prior_output_tokens: float = 256.0,
-        prior_weight: float = 2.0,
-        window: int = 512,
-        tpot_alpha: float = 0.05,
-    ) -> None:
+    def __init__(self, cost: CostLike, *, true_length: TrueLength | None = None) -> None:
         self._cost = cost
         self._true = true_length
-        self._prior = prior_output_tokens
-        self._prior_weight = prior_weight
-        self._window = window
-        self._alpha = tpot_alpha
         self._dists: dict[tuple[str, str], _Dist] = {}
         self._tpot_s = cost.decode_step_s(1, 1024)
         self._prefill_memo: dict[tuple[int, int], float] = {}
@@ -144,7 +139,7 @@ class ServiceEstimator:
         """A request of (agent, kind) finished with `output_tokens` tokens."""
         d = self._dists.get((agent, kind))
         if d is None:
-            d = self._dists[(agent, kind)] = _Dist(self._window)
+            d = self._dists[(agent, kind)] = _Dist(WINDOW)
         d.add(float(output_tokens))
         self._full_memo.pop((agent, kind), None)
         self.version += 1
@@ -163,13 +158,13 @@ class ServiceEstimator:
 
     def observe_decode(self, step_s: float, steps: int = 1) -> None:
         """The engine ran `steps` decode iterations of `step_s` seconds each."""
-        keep = (1.0 - self._alpha) ** steps
+        keep = (1.0 - TPOT_ALPHA) ** steps
         self._tpot_s = keep * self._tpot_s + (1.0 - keep) * step_s
 
     def observe_decode_steps(self, steps_s: Sequence[float]) -> None:
         """`observe_decode(s, 1)` for each step duration in order, in one call (the same
         arithmetic, step by step)."""
-        keep = (1.0 - self._alpha) ** 1
+        keep = (1.0 - TPOT_ALPHA) ** 1
         rest = 1.0 - keep
         tpot = self._tpot_s
         for s in steps_s:
@@ -179,7 +174,7 @@ class ServiceEstimator:
     def tpot_path(self, steps_s: Sequence[float]) -> list[float]:
         """`tpot_s` after each of `steps_s` were observed in turn (`observe_decode_steps`'
         arithmetic), without observing them."""
-        keep = (1.0 - self._alpha) ** 1
+        keep = (1.0 - TPOT_ALPHA) ** 1
         rest = 1.0 - keep
         tpot = self._tpot_s
         out = []
@@ -240,14 +235,14 @@ class ServiceEstimator:
             a = self.residual_tokens(agent, kind, generated, key)
             b = self.residual_tokens(agent, kind, last, key)
             return min(a, b), max(a, b)
-        window = d.residual_table(last, self._prior, self._prior_weight)[generated : last + 1]
+        window = d.residual_table(last, PRIOR_OUTPUT_TOKENS, PRIOR_WEIGHT)[generated : last + 1]
         return float(window.min()), float(window.max())
 
     def _residual(self, agent: str, kind: str, generated: int) -> float:
         d = self._dists.get((agent, kind))
         if d is None:
-            return max(self._prior - generated, 1.0) if self._prior > generated else 1.0
-        return d.residual(float(generated), self._prior, self._prior_weight)
+            return max(PRIOR_OUTPUT_TOKENS - generated, 1.0)
+        return d.residual(float(generated), PRIOR_OUTPUT_TOKENS, PRIOR_WEIGHT)
 
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
         if new_tokens <= 0:

@@ -41,6 +41,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -331,23 +332,15 @@ def _segments(owner: int, n: int, cuts: list[int]) -> list[Segment]:
 def import_trace(
     path: str | os.PathLike[str],
     *,
-    num_tasks: int = 1,
-    rate_per_s: float | None = None,
-    seed: int = 0,
-    prefix_mode: str = PREFIX_MODES[0],
     name: str | None = None,
-    kv_budget_tokens: int | None = None,
     progress: Progress | None = None,
-    max_tokens: str = "cap",
-    max_tokens_cap: int = lengths.METAGPT_CAP,
+    **options: Any,
 ) -> Workload:
-    """Read a recorded call trace and convert it (see the module docstring); `progress` hears
-    the phases ``read`` (lines), ``convert`` (calls) and ``check`` (tasks)."""
+    """Read a recorded call trace and convert it (see the module docstring) with
+    `calls_to_workload`'s `options`, named after the file unless `name` is given; `progress`
+    hears the phases ``read`` (lines), ``convert`` (calls) and ``check`` (tasks)."""
     calls = load_calls(path, progress)
     stem = Path(path).name.removesuffix(".jsonl")
     return calls_to_workload(
-        calls, name=name or stem, source=Path(path).name, num_tasks=num_tasks,
-        rate_per_s=rate_per_s, seed=seed, prefix_mode=prefix_mode,
-        kv_budget_tokens=kv_budget_tokens, progress=progress, max_tokens=max_tokens,
-        max_tokens_cap=max_tokens_cap,
-    )  # fmt: skip
+        calls, name=name or stem, source=Path(path).name, progress=progress, **options
+    )
