@@ -257,23 +257,37 @@ def test_heat_map_and_table_from_a_two_by_two_sweep(tmp_path: Path) -> None:
     assert "4 settings" in page
 
 
+def regime_cell(
+    margin_mean: tuple[float, float, float] = (0.1, 0.05, 0.15),
+    margin_p99: tuple[float, float, float] = (0.1, 0.05, 0.15),
+    **given: object,
+) -> dict[str, object]:
+    """One cell of a regime table (`analysis.regime`): TOPAS's margins (point, low, high) over
+    the strongest other at one setting; `given` sets the setting's columns."""
+    cell: dict[str, object] = {
+        "workload": "dag4", "output_scale": 1.0, "kv_budget_tokens": 16384, "kv_multiple": 1.0,
+        "load": 0.8, "rate_per_s": 0.1, "seeds": "0,1", "residency_pays": False,
+    }  # fmt: skip
+    for name, (point, lo, hi) in (("margin_mean", margin_mean), ("margin_p99", margin_p99)):
+        cell.update({name: point, f"{name}_lo": lo, f"{name}_hi": hi})
+    return {**cell, **given}
+
+
 def test_heat_map_outlines_the_cells_where_residency_pays() -> None:
     import pandas as pd
 
     from topas_bench.analysis.figures import pyplot
     from topas_bench.analysis.regime import regime_margin
 
-    cells = []
-    for budget, multiple in ((4610, 1 / 3), (12802, 1.0)):
-        for rate in (0.05, 0.1):  # a rate grid: no loads
-            pays = budget == 12802 and rate == 0.1
-            cells.append({
-                "workload": "chain3", "output_scale": 1.0, "kv_budget_tokens": budget,
-                "kv_multiple": multiple, "load": math.nan, "rate_per_s": rate, "seeds": "0,1",
-                "margin_mean": 0.1, "margin_mean_lo": 0.05, "margin_mean_hi": 0.15,
-                "margin_p99": -0.2, "margin_p99_lo": -0.3, "margin_p99_hi": 0.1,
-                "residency_pays": pays,
-            })  # fmt: skip
+    cells = [
+        regime_cell(
+            workload="chain3", kv_budget_tokens=budget, kv_multiple=multiple, load=math.nan,
+            rate_per_s=rate, margin_p99=(-0.2, -0.3, 0.1),
+            residency_pays=budget == 12802 and rate == 0.1,
+        )
+        for budget, multiple in ((4610, 1 / 3), (12802, 1.0))
+        for rate in (0.05, 0.1)  # a rate grid: no loads
+    ]  # fmt: skip
     plt = pyplot()
     fig = regime_margin(plt, pd.DataFrame(cells))
     try:
@@ -300,11 +314,7 @@ def test_heat_map_rows_are_multiples_shared_across_output_scales() -> None:
     from topas_bench.analysis.regime import regime_margin
 
     cells = [
-        {"workload": "dag4", "output_scale": scale, "kv_budget_tokens": int(16384 * m) + need,
-         "kv_multiple": m, "load": 0.8, "rate_per_s": 0.1, "seeds": "0,1",
-         "margin_mean": 0.1, "margin_mean_lo": 0.05, "margin_mean_hi": 0.15,
-         "margin_p99": 0.1, "margin_p99_lo": 0.05, "margin_p99_hi": 0.15,
-         "residency_pays": False}
+        regime_cell(output_scale=scale, kv_budget_tokens=int(16384 * m) + need, kv_multiple=m)
         for scale, need in ((0.5, 386), (2.0, 1538)) for m in (0.25, 1.0)
     ]  # fmt: skip
     plt = pyplot()

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-VENV_PYTHON = REPO / ".venvs" / "sglang" / "bin" / "python"
 CHECKS: dict[str, Callable[[], Any]] = {}
 
 
@@ -34,21 +29,11 @@ def check(fn: Callable[[], Any]) -> Callable[[], Any]:
 if __name__ != "__main__":  # the SGLang venv has no pytest
     import pytest
 
+    from sglang_venv import script_results
+
     @pytest.fixture(scope="module")
     def results() -> dict[str, Any]:
-        if shutil.which("make") is None:
-            pytest.fail("`make` is needed to build the SGLang CPU venv (make sglang-env)")
-        subprocess.run(["make", "-s", "sglang-env"], cwd=REPO, check=True, timeout=2400)
-        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-        env.pop("TOPAS_SCHEDULER", None)
-        proc = subprocess.run(
-            [str(VENV_PYTHON), __file__], capture_output=True, text=True, timeout=900, env=env,
-            cwd=REPO,
-        )  # fmt: skip
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-        out: dict[str, Any] = json.loads(lines[-1])
-        return out
+        return script_results(__file__, timeout=900)
 
     @pytest.mark.slow
     @pytest.mark.parametrize(

@@ -5,28 +5,24 @@ simulator and SGLang's scheduler agree exactly. Bad input fails before anything 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from sglang_venv import build
 from topas_bench.cli import app
 from topas_bench.results import TABLES, read_meta
 from topas_bench.runners.engines import engine_version
 from topas_bench.runners.records import REQUEST_COLUMNS
 
-REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def sglang_venv() -> None:
-    if shutil.which("make") is None:
-        pytest.fail("`make` is needed to build the SGLang CPU venv (make sglang-env)")
-    subprocess.run(["make", "-s", "sglang-env"], cwd=REPO, check=True, timeout=2400)
+    build()
 
 
 def invoke(*args: object) -> object:

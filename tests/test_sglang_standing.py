@@ -15,38 +15,22 @@ the SGLang venv runs (`make sglang-env`).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 import traceback
 import warnings
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-VENV_PYTHON = REPO / ".venvs" / "sglang" / "bin" / "python"
 SEEDS = (0, 1, 2)
 
 # -- pytest side (main venv) -----------------------------------------------------------------
 if __name__ != "__main__":  # the SGLang venv has no pytest
     import pytest
 
+    from sglang_venv import script_results
+
     @pytest.fixture(scope="module")
     def results() -> dict[str, Any]:
-        if shutil.which("make") is None:
-            pytest.fail("`make` is needed to build the SGLang CPU venv (make sglang-env)")
-        subprocess.run(["make", "-s", "sglang-env"], cwd=REPO, check=True, timeout=2400)
-        env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO / "src")}
-        env.pop("TOPAS_SCHEDULER", None)
-        proc = subprocess.run(
-            [str(VENV_PYTHON), __file__], capture_output=True, text=True, timeout=2400, env=env,
-            cwd=REPO,
-        )  # fmt: skip
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-        out: dict[str, Any] = json.loads(lines[-1])
-        return out
+        return script_results(__file__)
 
     @pytest.mark.slow
     @pytest.mark.parametrize("seed", [-1, *SEEDS])

@@ -343,7 +343,7 @@ class Policy(ABC):
     def params(self) -> dict[str, Any]:
         """The parameters that identify this policy in a run's identity: by default the
         declared ones, as set."""
-        return {key: getattr(self, key) for key in declared(type(self))}
+        return {key: vars(self)[key] for key in declared(type(self))}
 
     @property
     def needs(self) -> ServerNeeds:
