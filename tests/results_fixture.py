@@ -40,11 +40,16 @@ RATES = {0.8: 0.2, 0.6: 0.15}
 
 
 def identity(
-    scheduler: str, seed: int, load: float = 0.8, workload: str = "chain3", kv: int = 18_692
+    scheduler: str,
+    seed: int,
+    load: float = 0.8,
+    workload: str = "chain3",
+    kv: int = 18_692,
+    params: dict[str, Any] | None = None,
 ) -> RunIdentity:
     return RunIdentity(
         workload=workload, num_tasks=4, rate_per_s=RATES[load], seed=seed, scheduler=scheduler,
-        preset="a100-qwen32b", kv_budget_tokens=kv,
+        preset="a100-qwen32b", kv_budget_tokens=kv, scheduler_params=params or {},
     )  # fmt: skip
 
 
@@ -58,8 +63,9 @@ def write_one(
     digest: str | None = None,
     workload: str = "chain3",
     kv: int = 18_692,
+    params: dict[str, Any] | None = None,
 ) -> Path:
-    ident = identity(scheduler, seed, load, workload, kv)
+    ident = identity(scheduler, seed, load, workload, kv, params)
     arrival = [float(i) for i in range(len(jcts))]
     tasks = pd.DataFrame({
         "task_id": [f"t{i:04d}" for i in range(len(jcts))], "workflow": workload,

@@ -59,6 +59,23 @@ def test_relative_names_its_setting_and_what_it_leaves_out(drawn: Path) -> None:
     assert "Not shown (other settings)" in text and "load 0.6" in text
 
 
+def test_tuned_settings_are_drawn_beside_their_defaults(tmp_path: Path) -> None:
+    """A `sweep --tuned` tree labels a tuned setting `name[k=v,...]`: it is still one of the
+    paper's schedulers (drawn in the relative and CDF figures), TOPAS's tuned setting is always
+    kept, and a tuned best baseline the title names has its row."""
+    root = write_fixture(tmp_path / "tree")
+    for seed, jcts in enumerate(JCTS["topas"]):
+        write_one(root, "topas", seed, [1.1 * j for j in jcts], params={"beta": 2.0})
+        write_one(root, "fcfs", seed, [0.5 * j for j in jcts], params={"x": 1})
+    coll = collect(root)
+    out = tmp_path / "figures"
+    write_figures(coll, build_report(coll), out, strict=True)
+    relative, cdf = svg(out, "jct_relative"), svg(out, "jct_cdf_chain3")
+    assert "best baseline's (fcfs[x=1])" in relative
+    for label in ("topas[beta=2.0]", "fcfs[x=1]", "topas", "lpm"):
+        assert label in relative and label in cdf, label
+
+
 def test_goodput_names_its_slo(drawn: Path) -> None:
     text = svg(drawn, "jct_vs_load")
     assert "met the SLO, JCT &lt;= 2 x the task's unloaded JCT" in text

@@ -21,10 +21,12 @@ import pandas as pd
 from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.plotting import (
     PAGE_WIDTH_IN,
+    among,
     engine_of,
     leaders,
     left_out_note,
     legend_below,
+    scheduler_of,
     short,
     split_label,
     styles,
@@ -133,6 +135,13 @@ def cdf(
     """The JCT CDF per scheduler, one panel per group (the first `MAX_CDF_PANELS`), two to a
     row; in each at most `MAX_SERIES` schedulers of `shown` (TOPAS and the best on mean JCT
     there), the others named in the title."""
+
+    def rank(label: str, topas_first: bool) -> tuple[bool, int, str]:
+        """TOPAS's settings first (the legend) or last (drawn on top), the others in `shown`'s
+        order, a scheduler's tuned setting after its default."""
+        name = scheduler_of(label)
+        return (name == "topas") is not topas_first, shown.index(name), label
+
     groups = list(rows.groupby("group", sort=False))
     left_out = max(0, len(groups) - MAX_CDF_PANELS)
     groups = groups[:MAX_CDF_PANELS]
@@ -143,11 +152,11 @@ def cdf(
                              squeeze=False)  # fmt: skip
     identical = False
     for ax, (gkey, g) in zip(axes.flat, groups, strict=False):
-        keep, left = leaders(g[g["scheduler"].isin(shown)])
+        keep, left = leaders(g[among(g["scheduler"], shown)])
         dropped += [s for s in left if s not in dropped]
-        style = styles(sorted(keep, key=lambda s: (s != "topas", shown.index(s))), palette)
+        style = styles(sorted(keep, key=lambda s: rank(s, True)), palette)
         runs = coll.runs[(coll.runs["group"] == gkey) & coll.runs["scheduler"].isin(keep)]
-        order = sorted(runs["scheduler"].unique(), key=lambda s: (s == "topas", shown.index(s)))
+        order = sorted(runs["scheduler"].unique(), key=lambda s: rank(s, False))
         arrays = {}
         for sched in order:
             seeds = g[g["scheduler"] == sched]["seeds"]

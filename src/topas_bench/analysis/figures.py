@@ -49,6 +49,7 @@ from topas_bench.analysis.curves import cdf, load_settings, regime_grids, regime
 from topas_bench.analysis.levers import lever_figure
 from topas_bench.analysis.plotting import (
     PAGE_WIDTH_IN,
+    among,
     common_setting,
     layout_problems,
     leaders,
@@ -95,9 +96,9 @@ def write_figures(coll: Collection, rep: Report, out: Path, strict: bool = False
     main = main_groups(rows)
     palette = palette_for(rows["scheduler"].unique())
     keep(relative(plt, main, palette, rows), "jct_relative")
-    if main["scheduler"].isin(PEERS).any():
+    if among(main["scheduler"], PEERS).any():
         keep(relative(plt, main, palette, rows, against="any_"), "jct_relative_all")
-    curves = load_settings(rows[rows["scheduler"].isin(MAIN)])
+    curves = load_settings(rows[among(rows["scheduler"], MAIN)])
     if curves:
         keep(vs_load(plt, curves, palette, rep.slo.describe()), "jct_vs_load")
     abl = ablations(rows, main)
@@ -193,7 +194,7 @@ def relative(
     `MAX_SERIES` per workload: TOPAS, the best baseline and the leaders on mean JCT), one row
     of panels (mean, p99) per workload with the schedulers down the side; `rows` (every
     group) names the settings left out."""
-    shown = main[main["scheduler"].isin(EVERY if against else MAIN)]
+    shown = main[among(main["scheduler"], EVERY if against else MAIN)]
     what = "best of all" if against else "best baseline"
     workloads = list(dict.fromkeys(shown["workload"]))
     picks, left = {}, {}
@@ -288,7 +289,7 @@ def requests_figure(plt: Any, main: pd.DataFrame, palette: dict[str, Any], slo: 
         ("queue_mean_s", "mean queueing delay (s)", False),
         ("goodput_tps", "goodput (tasks/s)", True),
     ]  # fmt: skip
-    d = main[main["scheduler"].isin(MAIN)]
+    d = main[among(main["scheduler"], MAIN)]
     _, own = common_setting(d)
     d = d.assign(cat=[_cat(w, own[str(g)]) for w, g in zip(d["workload"], d["group"],
                                                             strict=True)])  # fmt: skip
@@ -320,7 +321,7 @@ def requests_figure(plt: Any, main: pd.DataFrame, palette: dict[str, Any], slo: 
 
 
 def stage_bars(plt: Any, stages: pd.DataFrame, row: pd.Series, palette: dict[str, Any]) -> Any:
-    d = stages[stages["scheduler"].isin(MAIN)].assign(cat=lambda x: x["kind"])
+    d = stages[among(stages["scheduler"], MAIN)].assign(cat=lambda x: x["kind"])
     cats = list(dict.fromkeys(d["cat"]))
     tall = 0.13 * len(cats) * max(1, d["scheduler"].nunique()) + 2.4
     fig, ax = plt.subplots(figsize=(PAGE_WIDTH_IN, tall))

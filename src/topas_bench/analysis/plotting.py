@@ -96,15 +96,28 @@ def leaders(
     limit: int = MAX_SERIES,
     always: tuple[str, ...] = ("topas",),
 ) -> tuple[list[str], list[str]]:
-    """(shown, left out): `always` (those present), then the schedulers best on `col` (lower
-    is better), ranked by their mean over groups of `col` / the group's best, to `limit`."""
+    """(shown, left out): `always` (those present, each with its tuned or other settings
+    `name[...]`), then the schedulers best on `col` (lower is better), ranked by their mean over
+    groups of `col` / the group's best, to `limit`."""
     rel = rows[col] / rows.groupby("group")[col].transform("min")
     score = rel.groupby(rows["scheduler"]).mean()
     names = list(dict.fromkeys(rows["scheduler"]))
     ranked = sorted(names, key=lambda s: (float(score.get(s, math.inf)), s))
-    shown = [s for s in always if s in names]
+    shown = list(dict.fromkeys(s for a in always for s in names if a in (s, scheduler_of(s))))
     shown += [s for s in ranked if s not in shown][: max(0, limit - len(shown))]
     return [s for s in names if s in shown], [s for s in ranked if s not in shown]
+
+
+def scheduler_of(label: str) -> str:
+    """The registered scheduler behind a report's label: `name` of `name[k=v,...]` (a tuned
+    setting, `sweep --tuned`, or one given parameters)."""
+    return label.partition("[")[0]
+
+
+def among(labels: pd.Series, names: Any) -> pd.Series:
+    """Which of `labels` are settings of one of `names`: each scheduler's default and its
+    tuned or other settings alike."""
+    return labels.astype(str).map(scheduler_of).isin(set(names))
 
 
 def short(label: str, width: int = 22) -> str:

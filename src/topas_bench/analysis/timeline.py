@@ -26,7 +26,7 @@ import pandas as pd
 
 from topas_bench.analysis.collect import Collection
 from topas_bench.analysis.curves import identical_groups
-from topas_bench.analysis.plotting import PAGE_WIDTH_IN, setting_title, suptitle
+from topas_bench.analysis.plotting import PAGE_WIDTH_IN, setting_title, short, suptitle
 from topas_bench.results import read_table
 
 BINS = 240
@@ -127,7 +127,7 @@ def timeline_figure(
     finishes = {s: d["tasks"].sort_values("task_id")["finish_s"].to_numpy(dtype=float)
                 for s, d in data.items()}  # fmt: skip
     same = identical_groups(finishes)
-    names = {g[0]: " = ".join(g) for g in same}
+    names = {g[0]: " = ".join(short(s) for s in g) for g in same}  # `name[…]`: the report has it
     shown = [g[0] for g in same]
     if len(shown) == 1:
         return None  # one schedule: nothing to set against TOPAS
@@ -138,6 +138,7 @@ def timeline_figure(
     base = shown[1]
     start, end = busiest_window(full, np.abs(counts["topas"] - counts[base]), WINDOW)
     label = {s: names[s] for s in shown}
+    other = short(base)
     edges = np.linspace(start, end, BINS + 1)
     centers = (edges[:-1] + edges[1:]) / 2
     agents = sorted({a for d in data.values() for a in resident_agents_of(d["timeline"])})
@@ -168,7 +169,7 @@ def timeline_figure(
                                 (near[base] < near["topas"], "tab:red", "more")):  # fmt: skip
         ax.fill_between(times, near["topas"], near[base], where=where, step="post",
                         color=colour, alpha=0.3, linewidth=0,
-                        label=f"topas holds {word} tasks than {base}")  # fmt: skip
+                        label=f"topas holds {word} tasks than {other}")  # fmt: skip
     ax.set_xlim(start, end)
     ax.set_ylabel("tasks in the system\n(arrived, not finished)", fontsize=9)
     ax.legend(loc="lower left", bbox_to_anchor=(0, 1.02), ncol=2, fontsize=8, frameon=False)
@@ -219,7 +220,7 @@ def timeline_figure(
     first = g.iloc[0]
     suptitle(fig, f"{first['workload']}: {' vs '.join(label.values())} over one run (seed {seed}); "
              f"{setting_title(first)}\nTop: the whole run. Below: the {100 * WINDOW:.0f}% of "
-             f"it where topas and {base} differ most. Shaded: tasks topas holds fewer (green) "
-             f"or more (red) than {base}; the area is their difference in total JCT.",
+             f"it where topas and {other} differ most. Shaded: tasks topas holds fewer (green) "
+             f"or more (red) than {other}; the area is their difference in total JCT.",
              fontsize=9)  # fmt: skip
     return fig
