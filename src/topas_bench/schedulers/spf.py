@@ -43,7 +43,7 @@ class SPF(OrderingPolicy):
 
     name = "spf"
 
-    def __init__(self) -> None:
+    def setup(self) -> None:
         self._memo: dict[str, tuple[int, int, float, float]] = {}
 
     def decide(self, view: EngineView) -> Decision:
