@@ -14,7 +14,7 @@ from topas_bench.analysis.collect import collect
 from topas_bench.analysis.curves import identical_groups, regime_grids
 from topas_bench.analysis.figures import write_figures
 from topas_bench.analysis.history import load, plot
-from topas_bench.analysis.plotting import common_setting, split_label
+from topas_bench.analysis.plotting import common_setting, leaders, split_label
 from topas_bench.analysis.report import build_report
 from topas_bench.analysis.timeline import binned, busiest_window, in_system
 
@@ -72,8 +72,25 @@ def test_tuned_settings_are_drawn_beside_their_defaults(tmp_path: Path) -> None:
     write_figures(coll, build_report(coll), out, strict=True)
     relative, cdf = svg(out, "jct_relative"), svg(out, "jct_cdf_chain3")
     assert "best baseline's (fcfs[x=1])" in relative
-    for label in ("topas[beta=2.0]", "fcfs[x=1]", "topas", "lpm"):
-        assert label in relative and label in cdf, label
+    for text in (relative, cdf):
+        labels = text.split()  # each text element a word or more: a label stands alone
+        assert {"topas[beta=2.0]", "fcfs[x=1]", "topas", "fcfs"} <= set(labels)
+
+
+def test_always_shown_schedulers_bring_one_tuned_setting_each() -> None:
+    """Ten settings of TOPAS (a tuning study's tree) are not all always shown: TOPAS's default
+    and its best other setting are, then the leaders on the metric, to the limit."""
+    rows = pd.DataFrame(
+        [{"group": "g", "scheduler": f"topas[beta={b}]", "mean_jct_s": 10.0 + b} for b in range(10)]
+        + [{"group": "g", "scheduler": s, "mean_jct_s": j}
+           for s, j in (("topas", 12.0), ("fcfs", 30.0), ("lpm", 25.0), ("parrot", 11.5))]
+    )  # fmt: skip
+    shown, _ = leaders(rows, limit=6)
+    assert shown[:2] == ["topas[beta=0]", "topas[beta=1]"]  # names' order: the rows'
+    assert set(shown) == {"topas", "topas[beta=0]", "topas[beta=1]", "parrot", "topas[beta=2]",
+                          "topas[beta=3]"}  # fmt: skip
+    shown, _ = leaders(rows, limit=6, always=("topas", "lpm"))
+    assert {"topas", "topas[beta=0]", "lpm"} <= set(shown) and len(shown) == 6
 
 
 def test_goodput_names_its_slo(drawn: Path) -> None:

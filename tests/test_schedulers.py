@@ -4,6 +4,7 @@ scheduler x every registered workload on the simulator (STYLE 11)."""
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from topas_bench.schedulers.lpm import LPM
 from topas_bench.schedulers.registry import BASELINES, SCHEDULERS, make_policy, summary
 from topas_bench.schedulers.sglang_stock import StockRow
 from topas_bench.schedulers.spf import SPF, expected_remaining_s
-from topas_bench.schedulers.validate import InvalidParameter
+from topas_bench.schedulers.validate import InvalidParameter, Param, flag, integer, number, one_of
 from topas_bench.schedulers.view import PrefixView
 from topas_bench.spec import RunSpec
 from topas_bench.workloads.model import Segment
@@ -430,6 +431,55 @@ def test_make_policy_builds_fresh_instances_with_their_params() -> None:
         "in_batch_deprioritize_tokens": 32,
     }
     assert make_policy("fcfs").params == {}
+
+
+class _Declared(Policy):
+    """A policy declaring one parameter of each kind, its state built in `setup`."""
+
+    name = "declared"
+    levels = integer(4, 1, 16)
+    rate = number(0.5, strict=True, high=1.0)
+    count = number(2.0, as_given=True)
+    on = flag(True)
+    mode = one_of("a", ("a", "b"))
+
+    def setup(self) -> None:
+        if self.rate > 0.9 and self.on:
+            raise InvalidParameter(f"{self.name}: rate above 0.9 needs on=false")
+        self.state: list[int] = [self.levels]
+
+    def decide(self, view: Any) -> Decision:
+        return Decision(admit=[])
+
+
+class _Override(_Declared):
+    name = "override"
+    rate = number(0.25)  # a subclass's default and check replace its base's, in its place
+    extra = integer(1, 0)
+
+
+def test_declared_parameters_are_checked_set_and_reported_in_order() -> None:
+    p = _Declared(count=3, mode="b")
+    assert p.params == {"levels": 4, "rate": 0.5, "count": 3, "on": True, "mode": "b"}
+    assert type(p.params["count"]) is int and type(_Declared(levels=5).params["rate"]) is float
+    assert p.state == [4]  # setup ran after the parameters were set
+    assert isinstance(_Declared.__dict__["levels"], Param)  # the class keeps the declaration
+    for bad, msg in (
+        ({"levels": 0}, "declared: levels must be an integer >= 1, got 0"),
+        ({"rate": 0}, "declared: rate must be > 0 (valid range (0, inf)), got 0"),
+        ({"rate": 2}, "declared: rate must be at most 1, got 2"),
+        ({"on": 1}, "declared: on must be true or false, got 1"),
+        ({"mode": "c"}, "declared: mode must be one of a, b, got 'c'"),
+        ({"rate": 0.95}, "declared: rate above 0.9 needs on=false"),
+        ({"levels": 0, "rate": 0}, "levels must be"),  # the first declared is named first
+        ({"x": 1}, "scheduler 'declared': unknown parameter 'x'; valid: levels, rate, count, on"),
+    ):
+        with pytest.raises(InvalidParameter, match=re.escape(msg)):
+            _Declared(**bad)
+    assert _Declared(rate=0.95, on=False).params["rate"] == 0.95
+    o = _Override(extra=3)
+    assert list(o.params) == ["levels", "rate", "count", "on", "mode", "extra"]
+    assert o.params["rate"] == 0.25 and _Override(rate=2.0, on=False).params["rate"] == 2.0
 
 
 # -- every scheduler x every workload on the simulator -------------------------------------------

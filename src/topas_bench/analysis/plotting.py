@@ -96,14 +96,17 @@ def leaders(
     limit: int = MAX_SERIES,
     always: tuple[str, ...] = ("topas",),
 ) -> tuple[list[str], list[str]]:
-    """(shown, left out): `always` (those present, each with its tuned or other settings
-    `name[...]`), then the schedulers best on `col` (lower is better), ranked by their mean over
-    groups of `col` / the group's best, to `limit`."""
+    """(shown, left out): `always` (those present, and of each the best of its other settings
+    `name[...]`, a tuned one), then the schedulers best on `col` (lower is better), ranked by
+    their mean over groups of `col` / the group's best, to `limit`."""
     rel = rows[col] / rows.groupby("group")[col].transform("min")
     score = rel.groupby(rows["scheduler"]).mean()
     names = list(dict.fromkeys(rows["scheduler"]))
     ranked = sorted(names, key=lambda s: (float(score.get(s, math.inf)), s))
-    shown = list(dict.fromkeys(s for a in always for s in names if a in (s, scheduler_of(s))))
+    shown = [s for s in always if s in names]
+    for a in always:
+        settings = [s for s in ranked if s != a and scheduler_of(s) == a and s not in shown]
+        shown += settings[:1]
     shown += [s for s in ranked if s not in shown][: max(0, limit - len(shown))]
     return [s for s in names if s in shown], [s for s in ranked if s not in shown]
 

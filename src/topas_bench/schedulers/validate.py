@@ -127,8 +127,9 @@ def number(
     high: float = MAX_NUMBER,
     as_given: bool = False,
 ) -> Param[float]:
-    """A number parameter (`require_number`), stored as a float unless `as_given` (an int
-    stays an int, as some policies' run identities have always recorded it)."""
+    """A number parameter (`require_number`), stored as a float unless `as_given`: an int then
+    stays an int (as autellix's run identities have always recorded it; `Param[float]` all
+    the same, an int being a float to the type checker)."""
 
     def check(policy: str, name: str, value: Any) -> float:
         got = require_number(policy, name, value, low, strict=strict, high=high)
