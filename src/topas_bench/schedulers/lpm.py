@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from topas_bench.schedulers.base import Decision, Policy, RequestView, ServerNeeds
-from topas_bench.schedulers.validate import integer
+from topas_bench.schedulers.validate import declared, integer
 from topas_bench.schedulers.view import EngineView
 from topas_bench.workloads.pieces import Piece, common, fill_pieces, length
 
@@ -32,11 +32,6 @@ from topas_bench.workloads.pieces import Piece, common, fill_pieces, length
 #: `IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD`).
 PREFIX_MATCH_MAX = 128
 IN_BATCH_THRESHOLD = 32
-DEFAULTS = {
-    "fallback_above": PREFIX_MATCH_MAX,
-    "in_batch_check_tokens": IN_BATCH_THRESHOLD,
-    "in_batch_deprioritize_tokens": IN_BATCH_THRESHOLD,
-}
 
 
 class LPM(Policy):
@@ -53,7 +48,7 @@ class LPM(Policy):
         """SGLang's own `lpm` (the reference engine runs it natively) with SGLang's thresholds.
         SGLang's constants cannot express other thresholds: the plugin then serves this policy
         on a server started with `fcfs`, whose queue bookkeeping applies."""
-        if self.params != DEFAULTS:
+        if self.params != {key: p.default for key, p in declared(LPM).items()}:
             return ServerNeeds()
         return ServerNeeds(schedule_policy="lpm", native=True)
 
