@@ -421,6 +421,36 @@ def test_make_policy_rejects_bad_parameters(name: str, params: dict[str, Any], m
     assert "\n" not in str(e.value)
 
 
+def test_param_probe_answers_for_every_scheduler() -> None:
+    """scripts/param_probe.py (the before/after check of docs/design.md's issue 34) builds every
+    registered scheduler with its defaults, each value, an unknown name, and says what it got."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "param_probe.py"
+    spec = importlib.util.spec_from_file_location("param_probe", path)
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    lines = probe.probes()
+    assert {ln.split()[0] for ln in lines} == set(SCHEDULERS.names())
+    assert "fcfs default ok {}" in lines
+    assert (
+        "fcfs bogus=1 ERR InvalidParameter: scheduler 'fcfs' takes no parameters (got bogus)"
+        in lines
+    )
+    assert (
+        "lpm fallback_above=0.5 ERR InvalidParameter: lpm: fallback_above must be an integer "
+        ">= 0, got 0.5"
+    ) in lines
+    assert (
+        "lpm default ok {'fallback_above': 128, 'in_batch_check_tokens': 32, "
+        "'in_batch_deprioritize_tokens': 32}"
+    ) in lines
+    n_values = len(probe.VALUES)
+    per = {name: 1 + (n_values * (len(make_policy(name).params) + 1) + 1) for name in SCHEDULERS}
+    assert len(lines) == sum(per.values())
+
+
 def test_make_policy_builds_fresh_instances_with_their_params() -> None:
     a, b = make_policy("autellix", levels=4), make_policy("autellix", levels=4)
     assert a is not b
